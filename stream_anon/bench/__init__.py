@@ -1,0 +1,1 @@
+"""Benchmarks (``stream-anon bench NAME``); each module has ``main(argv) -> int``."""

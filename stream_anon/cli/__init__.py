@@ -1,0 +1,59 @@
+"""``stream-anon`` command line: one sub-command per module in this package.
+
+Each module ``stream_anon/cli/<name>.py`` exposes ``register(subparsers) -> None``, which adds its
+sub-command(s) and sets ``func`` (a callable taking the parsed namespace, returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Sub-command modules, in the order they appear in --help.
+COMMAND_MODULES: tuple[str, ...] = (
+    "anonymize",  # anonymize, verify                     (core engine)
+    "bench",      # bench engine|mechanisms|service       (benchmarks)
+    "privacy",    # perturb, estimate                     (LDP mechanisms)
+    "service",    # run, demo                             (streaming service)
+    "udp",        # udp-bridge                            (UDP ingest)
+    "report",     # report                                (visual report)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-anon",
+        description="Real-time anonymization of record streams: delay-bounded k-anonymity and local differential privacy.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"stream_anon.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"stream_anon.cli.{name}":
+                continue  # not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Data set loaders: the original UCI ADULT file, and any CSV described by a schema file.
+
+Records are plain dicts, JSON-ready: ``{"id": "adult-00000", "age": 39, "workclass": "State-gov", ...}``.
+Numeric fields are ints/floats, categorical fields strings; ADULT's missing marker ``?`` is kept as
+the category ``"?"``, a leaf of its own under an "Unknown" branch of the hierarchies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stream_anon.core.schema import Kind, Schema, SchemaError, adult_schema
+
+ADULT_COLUMNS: tuple[str, ...] = (
+    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+    "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country", "income",
+)
+ADULT_RECORD_COUNT = 32_561
+ADULT_SHA256 = "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d"
+ADULT_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/adult.data"
+ADULT_ENV = "STREAM_ANON_ADULT"
+
+
+class DatasetError(ValueError):
+    """The data file is missing, malformed or not the expected file."""
+
+
+def adult_record_id(index: int) -> str:
+    """Deterministic record id of the ADULT record at 0-based line ``index``."""
+    return f"adult-{index:05d}"
+
+
+def resolve_adult_path(path: str | os.PathLike[str] | None = None) -> Path:
+    """The ADULT file: the given path (a flag) beats ``$STREAM_ANON_ADULT``; error if neither exists."""
+    chosen = path if path is not None else os.environ.get(ADULT_ENV)
+    if not chosen:
+        raise DatasetError(
+            f"no ADULT file given: pass --adult PATH or set {ADULT_ENV} (the UCI file adult.data, sha256 {ADULT_SHA256})"
+        )
+    p = Path(chosen)
+    if not p.is_file():
+        raise DatasetError(f"ADULT file {str(p)!r} does not exist (from {'flag' if path is not None else ADULT_ENV})")
+    return p
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_adult(path: str | os.PathLike[str] | None = None, *, check_count: bool = True) -> pd.DataFrame:
+    """Read the original ``adult.data`` (``", "``-separated, no header) into a DataFrame with an ``id`` column.
+
+    Integers stay integers, categories strings; ``?`` stays the category ``"?"``.  With ``check_count``
+    the file must hold exactly 32,561 records (the UCI training file).
+    """
+    p = resolve_adult_path(path)
+    df = pd.read_csv(p, header=None, names=list(ADULT_COLUMNS), sep=",", skipinitialspace=True,
+                     dtype=str, keep_default_na=False, engine="c")
+    df = df[df["age"].str.len() > 0].reset_index(drop=True)  # trailing blank line in the UCI file
+    if df["income"].eq("").any():
+        bad = int(df.index[df["income"].eq("")][0])
+        raise DatasetError(f"{p}: line {bad + 1} has fewer than {len(ADULT_COLUMNS)} fields")
+    schema = adult_schema()
+    for a in schema.attributes:
+        if a.kind is Kind.NUMERIC:
+            conv = pd.to_numeric(df[a.name], errors="coerce")
+            if conv.isna().any():
+                bad = int(conv.index[conv.isna()][0])
+                raise DatasetError(f"{p}: line {bad + 1}, field {a.name!r}: not a number: {df[a.name][bad]!r}")
+            df[a.name] = conv.astype("int64")
+    df.insert(0, "id", [adult_record_id(i) for i in range(len(df))])
+    if check_count and len(df) != ADULT_RECORD_COUNT:
+        raise DatasetError(f"{p}: {len(df)} records, expected {ADULT_RECORD_COUNT} (the UCI ADULT training file)")
+    return df
+
+
+def iter_records(df: pd.DataFrame) -> Iterator[dict[str, Any]]:
+    """Rows of a loaded frame as JSON-ready dicts (native Python ints/strings)."""
+    cols = list(df.columns)
+    for row in df.itertuples(index=False, name=None):
+        yield {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(cols, row, strict=True)}
+
+
+def iter_adult_records(path: str | os.PathLike[str] | None = None) -> Iterator[dict[str, Any]]:
+    """ADULT records in file order, as dicts with deterministic ids ``adult-00000`` ...."""
+    yield from iter_records(read_adult(path))
+
+
+def read_csv_with_schema(path: str | os.PathLike[str], schema: Schema, *, id_prefix: str | None = None,
+                         header: bool = True, sep: str = ",") -> pd.DataFrame:
+    """Read any CSV described by ``schema``; every row is validated (clear error naming line and field).
+
+    Without a record-id column the ids are ``{id_prefix or schema.name}-{index}``.
+    """
+    df = pd.read_csv(path, header=0 if header else None, names=None if header else schema.names, sep=sep,
+                     skipinitialspace=True, dtype=str, keep_default_na=False)
+    missing = [n for n in schema.names if n not in df.columns]
+    if missing:
+        raise DatasetError(f"{path}: column(s) {missing} required by schema {schema.name!r} are missing; "
+                           f"found {list(df.columns)}")
+    for a in schema.attributes:
+        if a.kind is Kind.NUMERIC:
+            conv = pd.to_numeric(df[a.name], errors="coerce")
+            if conv.isna().any():
+                bad = int(conv.index[conv.isna()][0])
+                raise DatasetError(f"{path}: row {bad + 1}, field {a.name!r}: expected {a.describe_domain()}, "
+                                   f"got {df[a.name][bad]!r}")
+            df[a.name] = conv.astype("int64") if a.integer else conv
+    rid = schema.record_id or "id"
+    if rid not in df.columns:
+        prefix = id_prefix or schema.name
+        df.insert(0, rid, [f"{prefix}-{i}" for i in range(len(df))])
+    for i, rec in enumerate(iter_records(df)):
+        try:
+            schema.validate(rec, allow_extra=True)
+        except SchemaError as e:
+            raise DatasetError(f"{path}: row {i + 1}: {e}") from e
+    return df

@@ -1,0 +1,110 @@
+"""Every Prometheus metric stream-anon exports, defined in one place against an injected registry.
+
+Names are ``stream_anon_*``.  The deploy rules, the Grafana dashboard and the tests cross-check
+against :data:`METRIC_NAMES`, and against a live ``/metrics`` scrape of the running service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+DELAY_ARRIVAL_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 750, 900, 1000, 1500, 2000, 3000, 5000, 10000)
+DELAY_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LOSS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+CLASS_SIZE_BUCKETS = (2, 3, 5, 10, 15, 20, 30, 50, 100, 200, 500)
+PROCESSING_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2, 0.1)
+
+
+@dataclass
+class ServiceMetrics:
+    """The service's metrics.  ``ServiceMetrics(registry)``; tests pass a fresh ``CollectorRegistry``."""
+
+    registry: CollectorRegistry
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        # -- flow (every input record ends in exactly one of released / suppressed / dead-lettered)
+        self.records_consumed = Counter("stream_anon_records_consumed", "Records consumed from an input topic",
+                                        ["topic"], registry=r)
+        self.records_released = Counter("stream_anon_records_released", "Records published k-anonymous",
+                                        ["topic"], registry=r)
+        self.records_suppressed = Counter("stream_anon_records_suppressed", "Records suppressed (not released)",
+                                          ["reason"], registry=r)
+        self.records_dead_lettered = Counter("stream_anon_records_dead_lettered",
+                                             "Inputs sent to the dead-letter topic", ["reason"], registry=r)
+        self.records_duplicate_skipped = Counter("stream_anon_records_duplicate_skipped",
+                                                 "Re-consumed records skipped because already released (recovery)",
+                                                 ["topic"], registry=r)
+        # -- delay
+        self.release_delay_arrivals = Histogram("stream_anon_release_delay_arrivals",
+                                                "Arrivals a record waited before its release", buckets=DELAY_ARRIVAL_BUCKETS,
+                                                registry=r)
+        self.release_delay_seconds = Histogram("stream_anon_release_delay_seconds",
+                                               "Seconds from ingest to release", buckets=DELAY_SECONDS_BUCKETS,
+                                               registry=r)
+        self.delay_bound_arrivals = Gauge("stream_anon_delay_bound_arrivals", "Configured delay bound delta (arrivals)",
+                                          registry=r)
+        # -- information loss and classes
+        self.class_information_loss = Histogram("stream_anon_class_information_loss",
+                                                "Goldberger-Tassa loss of each released class (mean over QIs)",
+                                                buckets=LOSS_BUCKETS, registry=r)
+        self.gt_loss = Gauge("stream_anon_gt_loss", "Running Goldberger-Tassa loss of everything released so far",
+                             registry=r)
+        self.class_size = Histogram("stream_anon_class_size", "Records per released equivalence class",
+                                    buckets=CLASS_SIZE_BUCKETS, registry=r)
+        self.k_anonymity_violations = Counter("stream_anon_k_anonymity_violations",
+                                              "Released classes that failed the independent k/l check before publishing",
+                                              registry=r)
+        self.k_parameter = Gauge("stream_anon_k", "Configured k", registry=r)
+        # -- buffer
+        self.open_clusters = Gauge("stream_anon_open_clusters", "Clusters not yet released", ["partition"], registry=r)
+        self.buffered_records = Gauge("stream_anon_buffered_records", "Records consumed but not yet released",
+                                      ["partition"], registry=r)
+        # -- Kafka position
+        self.consumer_lag = Gauge("stream_anon_consumer_lag", "Highwater minus consumed position",
+                                  ["topic", "partition"], registry=r)
+        self.commit_watermark = Gauge("stream_anon_commit_watermark",
+                                      "Committed offset: lowest offset still buffered", ["topic", "partition"], registry=r)
+        self.processing_seconds = Histogram("stream_anon_processing_seconds", "Engine time per record",
+                                            buckets=PROCESSING_BUCKETS, registry=r)
+        self.produce_errors = Counter("stream_anon_produce_errors", "Produce requests that failed and were retried",
+                                      ["topic"], registry=r)
+        self.broker_reconnects = Counter("stream_anon_broker_reconnects", "Broker connection retries with backoff",
+                                         registry=r)
+        # -- local differential privacy side paths
+        self.epsilon_spent = Counter("stream_anon_epsilon_spent", "Sum of epsilon spent by published outputs",
+                                     ["topic"], registry=r)
+        self.epsilon_budget_remaining = Gauge("stream_anon_epsilon_budget_remaining",
+                                              "Remaining epsilon budget of a budgeted output", ["topic"], registry=r)
+        self.epsilon_budget_total = Gauge("stream_anon_epsilon_budget_total", "Total epsilon budget of an output",
+                                          ["topic"], registry=r)
+        self.side_records_published = Counter("stream_anon_side_records_published",
+                                              "Perturbed records published on a side topic", ["topic"], registry=r)
+        self.estimate_standard_error = Gauge("stream_anon_estimate_standard_error",
+                                             "Standard error of a server-side estimate", ["topic", "attribute"],
+                                             registry=r)
+        self.estimate_abs_error = Gauge("stream_anon_estimate_abs_error",
+                                        "Mean absolute error of an estimate against the exact value (demo/testing)",
+                                        ["topic", "attribute"], registry=r)
+        # -- UDP ingest bridge
+        self.udp_datagrams_received = Counter("stream_anon_udp_datagrams_received", "UDP datagrams received",
+                                              registry=r)
+        self.udp_records_forwarded = Counter("stream_anon_udp_records_forwarded", "UDP records forwarded to Kafka",
+                                             registry=r)
+        self.udp_gaps = Counter("stream_anon_udp_gaps", "Sequence numbers missing (lost datagrams)", registry=r)
+        self.udp_duplicates = Counter("stream_anon_udp_duplicates", "Duplicate sequence numbers dropped", registry=r)
+        self.udp_malformed = Counter("stream_anon_udp_malformed", "Datagrams that could not be parsed", registry=r)
+
+
+# Exported names (counters get ``_total``, histograms ``_bucket/_sum/_count``).
+METRIC_NAMES: frozenset[str] = frozenset(
+    m.name + ("_total" if m.type == "counter" else "")
+    for m in ServiceMetrics(CollectorRegistry()).registry.collect()
+)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
+    """Expose ``registry`` on ``http://addr:port/metrics`` (loopback by default)."""
+    start_http_server(port, addr=addr, registry=registry)

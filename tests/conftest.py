@@ -1,0 +1,31 @@
+"""Shared fixtures: the ADULT path (required, never skipped) and a real Tansu broker per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stream_anon.service.broker import EmbeddedBroker
+
+
+@pytest.fixture(scope="session")
+def adult_path() -> Path:
+    """The UCI ADULT file from $STREAM_ANON_ADULT (or ../shared); a missing file fails, it does not skip."""
+    env = os.environ.get("STREAM_ANON_ADULT")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "datasets" / "adult" / "adult.data")
+    for c in candidates:
+        if c.is_file():
+            return c
+    pytest.fail(f"ADULT data not found: set STREAM_ANON_ADULT (tried {[str(c) for c in candidates]})")
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A real Tansu broker (memory storage) on a free loopback port, shared by the session's tests."""
+    log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path) as b:
+        yield b
