@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from stream_anon.core.schema import Kind, Schema, SchemaError, adult_schema
+from stream_anon.core.schema import Attribute, Kind, Schema, SchemaError, adult_schema
 
 ADULT_COLUMNS: tuple[str, ...] = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -29,6 +30,38 @@ ADULT_ENV = "STREAM_ANON_ADULT"
 
 class DatasetError(ValueError):
     """The data file is missing, malformed or not the expected file."""
+
+
+def _check_column(df: pd.DataFrame, a: Attribute, *, where: str, unit: str) -> None:
+    """Convert/check one column in place, vectorized; the first bad row raises DatasetError naming it.
+
+    Numeric: must parse, be finite, integral when the attribute is ``integer`` (never silently truncated),
+    and lie in the public domain.  Categorical with a known domain: must be one of its values.
+    """
+    col = df[a.name]
+    if a.kind is Kind.NUMERIC:
+        conv = pd.to_numeric(col, errors="coerce")
+        bad = conv.isna() | ~np.isfinite(conv.fillna(0.0))
+        what = "not a number"
+        if not bad.any() and a.integer:
+            bad, what = conv != conv.round(), "not an integer"
+        if not bad.any() and (a.lo is not None or a.hi is not None):
+            lo = -np.inf if a.lo is None else a.lo
+            hi = np.inf if a.hi is None else a.hi
+            bad, what = (conv < lo) | (conv > hi), "outside the public domain"
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DatasetError(f"{where}: {unit} {i + 1}, field {a.name!r}: {what}: got {col.iloc[i]!r}; "
+                               f"expected {a.describe_domain()}")
+        df[a.name] = conv.astype("int64") if a.integer else conv.astype("float64")
+        return
+    values = a.domain_values
+    if values:
+        bad = ~col.isin(values)
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DatasetError(f"{where}: {unit} {i + 1}, field {a.name!r}: unknown category {col.iloc[i]!r}; "
+                               f"expected {a.describe_domain()}")
 
 
 def adult_record_id(index: int) -> str:
@@ -64,20 +97,19 @@ def read_adult(path: str | os.PathLike[str] | None = None, *, check_count: bool 
     the file must hold exactly 32,561 records (the UCI training file).
     """
     p = resolve_adult_path(path)
-    df = pd.read_csv(p, header=None, names=list(ADULT_COLUMNS), sep=",", skipinitialspace=True,
-                     dtype=str, keep_default_na=False, engine="c")
+    try:
+        df = pd.read_csv(p, header=None, names=list(ADULT_COLUMNS), sep=",", skipinitialspace=True,
+                         dtype=str, keep_default_na=False, engine="c")
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{p}: not in the UCI adult.data format ({len(ADULT_COLUMNS)} comma-separated fields "
+                           f"per line): {str(e).strip()}") from None
     df = df[df["age"].str.len() > 0].reset_index(drop=True)  # trailing blank line in the UCI file
     if df["income"].eq("").any():
         bad = int(df.index[df["income"].eq("")][0])
         raise DatasetError(f"{p}: line {bad + 1} has fewer than {len(ADULT_COLUMNS)} fields")
     schema = adult_schema()
     for a in schema.attributes:
-        if a.kind is Kind.NUMERIC:
-            conv = pd.to_numeric(df[a.name], errors="coerce")
-            if conv.isna().any():
-                bad = int(conv.index[conv.isna()][0])
-                raise DatasetError(f"{p}: line {bad + 1}, field {a.name!r}: not a number: {df[a.name][bad]!r}")
-            df[a.name] = conv.astype("int64")
+        _check_column(df, a, where=str(p), unit="line")
     df.insert(0, "id", [adult_record_id(i) for i in range(len(df))])
     if check_count and len(df) != ADULT_RECORD_COUNT:
         raise DatasetError(f"{p}: {len(df)} records, expected {ADULT_RECORD_COUNT} (the UCI ADULT training file)")
@@ -102,20 +134,17 @@ def read_csv_with_schema(path: str | os.PathLike[str], schema: Schema, *, id_pre
 
     Without a record-id column the ids are ``{id_prefix or schema.name}-{index}``.
     """
-    df = pd.read_csv(path, header=0 if header else None, names=None if header else schema.names, sep=sep,
-                     skipinitialspace=True, dtype=str, keep_default_na=False)
+    try:
+        df = pd.read_csv(path, header=0 if header else None, names=None if header else schema.names, sep=sep,
+                         skipinitialspace=True, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path}: cannot be read as a {sep!r}-separated CSV: {str(e).strip()}") from None
     missing = [n for n in schema.names if n not in df.columns]
     if missing:
         raise DatasetError(f"{path}: column(s) {missing} required by schema {schema.name!r} are missing; "
                            f"found {list(df.columns)}")
     for a in schema.attributes:
-        if a.kind is Kind.NUMERIC:
-            conv = pd.to_numeric(df[a.name], errors="coerce")
-            if conv.isna().any():
-                bad = int(conv.index[conv.isna()][0])
-                raise DatasetError(f"{path}: row {bad + 1}, field {a.name!r}: expected {a.describe_domain()}, "
-                                   f"got {df[a.name][bad]!r}")
-            df[a.name] = conv.astype("int64") if a.integer else conv
+        _check_column(df, a, where=str(path), unit="row")
     rid = schema.record_id or "id"
     if rid not in df.columns:
         prefix = id_prefix or schema.name

@@ -136,15 +136,22 @@ class Hierarchy:
             if len(p) > 1:
                 parent[i] = node_id[p[:-1]]
         m = len(leaves)
+        # A label must name one node, or several nodes covering the same leaves (a single-child chain such
+        # as "?;Unknown-workclass;Unknown;*"); otherwise a released label would be ambiguous.
+        first_node: dict[str, int] = {}
+        for i, p in enumerate(ordered):
+            j = first_node.setdefault(p[-1], i)
+            if j != i and (lo_arr[j], hi_arr[j]) != (lo_arr[i], hi_arr[i]):
+                raise HierarchyError(
+                    f"hierarchy {name!r}: label {p[-1]!r} names two different nodes "
+                    f"({' > '.join(ordered[j])} and {' > '.join(p)}); labels must be unique"
+                )
+        # Deepest node covering [i, j]: paint every node's block [lo..hi]^2, shallowest first, so deeper
+        # nodes overwrite their ancestors (the nodes covering a leaf pair form a chain of ancestors; in a
+        # single-child chain the deepest node, the leaf itself, wins).
         lca = np.zeros((m, m), dtype=np.int32)
-        # Deepest node covering [i, j]: walk inner nodes from deepest to shallowest.
-        by_depth = sorted(range(n_nodes), key=lambda n: -depth_arr[n])
-        for a in range(m):
-            for b in range(a, m):
-                for n in by_depth:
-                    if lo_arr[n] <= a and b <= hi_arr[n]:
-                        lca[a, b] = lca[b, a] = n
-                        break
+        for n in sorted(range(n_nodes), key=lambda n: (depth_arr[n], n)):
+            lca[lo_arr[n]: hi_arr[n] + 1, lo_arr[n]: hi_arr[n] + 1] = n
         labels = tuple(p[-1] for p in ordered)
         return cls(
             name=name,

@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,14 @@ import yaml
 from stream_anon.core.hierarchy import Hierarchy
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     IDENTIFIER = "identifier"
     QUASI_IDENTIFIER = "quasi_identifier"
     SENSITIVE = "sensitive"
     OTHER = "other"
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     NUMERIC = "numeric"
     CATEGORICAL = "categorical"
 
@@ -117,6 +117,7 @@ class Attribute:
                 f"field {self.name!r}: expected a string, {self.describe_domain()}, got {type(value).__name__} {value!r}",
                 field=self.name, allowed=self.describe_domain(), value=value,
             )
+        value = value.strip()
         vals = self.domain_values
         if vals:
             index = self.hierarchy.leaf_index if self.hierarchy is not None else None
@@ -209,6 +210,17 @@ class Schema:
         if sensitive is not None and sensitive not in self:
             raise SchemaError(f"unknown sensitive attribute {sensitive!r}; known: {self.names}",
                               field="sensitive", allowed=", ".join(self.names), value=sensitive)
+        if qset is not None:
+            new_sensitive = sensitive if sensitive is not None else next((a.name for a in self.sensitive), None)
+            for a in self.attributes:
+                if a.name not in qset:
+                    continue
+                if a.name == new_sensitive or (sensitive is None and a.role is Role.SENSITIVE):
+                    raise SchemaError(f"attribute {a.name!r} cannot be both a quasi-identifier and the sensitive "
+                                      f"attribute", field="qi", allowed="non-sensitive attributes", value=a.name)
+                if a.role is Role.IDENTIFIER:
+                    raise SchemaError(f"attribute {a.name!r} is an identifier and cannot be a quasi-identifier",
+                                      field="qi", allowed="non-identifier attributes", value=a.name)
         attrs = []
         for a in self.attributes:
             role = a.role
@@ -303,12 +315,19 @@ class Schema:
                 dom = a["domain"]
                 if not (isinstance(dom, list | tuple) and len(dom) == 2):
                     raise SchemaError(f"schema {name!r}, attribute {an!r}: domain must be [lo, hi], got {dom!r}", field=an)
-                lo, hi = float(dom[0]), float(dom[1])
+                try:
+                    lo, hi = float(dom[0]), float(dom[1])
+                except (TypeError, ValueError):
+                    raise SchemaError(f"schema {name!r}, attribute {an!r}: domain bounds must be numbers, got {dom!r}",
+                                      field=an, allowed="[lo, hi] numbers", value=dom) from None
             hierarchy = None
             if "hierarchy" in a and a["hierarchy"] is not None:
                 hpath = Path(a["hierarchy"])
                 if not hpath.is_absolute():
                     hpath = base / hpath
+                if not hpath.is_file():
+                    raise SchemaError(f"schema {name!r}, attribute {an!r}: hierarchy file {str(hpath)!r} does not exist",
+                                      field=an, allowed="an existing ARX hierarchy CSV", value=str(hpath))
                 hierarchy = Hierarchy.from_csv(hpath, name=an)
             values = tuple(str(v) for v in a["values"]) if a.get("values") is not None else None
             attrs.append(Attribute(name=an, role=role, kind=kind, lo=lo, hi=hi, integer=bool(a.get("integer", False)),
@@ -321,7 +340,11 @@ class Schema:
         """Load a YAML or JSON schema file; hierarchy paths are relative to the file."""
         p = Path(path)
         text = p.read_text(encoding="utf-8")
-        spec = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        try:
+            spec = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as e:
+            raise SchemaError(f"schema file {p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {e}",
+                              field=None, allowed="a YAML/JSON mapping", value=str(p)) from None
         if not isinstance(spec, Mapping):
             raise SchemaError(f"schema file {p}: expected a mapping at top level")
         return cls.from_dict(spec, base_dir=p.parent)

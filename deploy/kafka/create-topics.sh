@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One-shot topic creation for the compose stack (runs in the apache/kafka image as the kafka-topics job).
+#
+# Partition counts:
+#   * the input topic has INPUT_PARTITIONS partitions: the upper bound on useful stream-anon replicas
+#     (one consumer-group member per partition; see docs/deploy.md, "Scaling out");
+#   * the per-record outputs (anonymized, suppressed, dead-letter, LDP copies) have the SAME count: the service
+#     writes what it derives from input partition p to output partition p, so after a crash or a rebalance the
+#     new owner of p reads back only the tail of output partition p to skip records already released;
+#   * the periodic estimate and k-means topics have one partition: a single ordered series of windows.
+set -euo pipefail
+
+BOOTSTRAP="${BOOTSTRAP_SERVERS:-kafka:9092}"
+INPUT_TOPIC="${INPUT_TOPIC:-adult.raw}"
+PARTITIONS="${INPUT_PARTITIONS:-4}"
+REPLICATION="${REPLICATION_FACTOR:-1}"
+PREFIX="${INPUT_TOPIC%.raw}"
+KT=/opt/kafka/bin/kafka-topics.sh
+
+create() {  # name partitions [extra kafka-topics args]
+  local name="$1" parts="$2"; shift 2
+  "$KT" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "$name" \
+        --partitions "$parts" --replication-factor "$REPLICATION" "$@"
+  # --if-not-exists keeps an existing topic: fail loudly when its partition count differs.
+  local have
+  have=$("$KT" --bootstrap-server "$BOOTSTRAP" --describe --topic "$name" | grep -c "Partition: ")
+  if [ "$have" -ne "$parts" ]; then
+    echo "topic $name has $have partitions, expected $parts: delete it or change INPUT_PARTITIONS" >&2
+    exit 1
+  fi
+  echo "topic $name: $parts partitions"
+}
+
+create "$INPUT_TOPIC" "$PARTITIONS"
+for suffix in anon suppressed dlq krr rs blap; do
+  create "$PREFIX.$suffix" "$PARTITIONS"
+done
+for suffix in estimates kmeans; do
+  create "$PREFIX.$suffix" 1
+done

@@ -1,0 +1,77 @@
+"""A dependency-free progress bar on stderr (redrawn at most every ``interval_s``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class ProgressBar:
+    """``[#####.....]  12,345/32,561  38%  25,010 rec/s`` on one stderr line; ``total=None`` shows count and rate."""
+
+    def __init__(self, total: int | None, *, label: str = "", width: int = 30, interval_s: float = 0.2,
+                 stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total = total
+        self.label = label
+        self.width = width
+        self.interval_s = interval_s
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self._last_draw = 0.0
+        self.count = 0
+
+    def update(self, count: int) -> None:
+        self.count = count
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self._last_draw >= self.interval_s:
+            self._last_draw = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.count / elapsed
+        prefix = f"{self.label} " if self.label else ""
+        if self.total:
+            frac = min(self.count / self.total, 1.0)
+            filled = int(frac * self.width)
+            bar = "#" * filled + "." * (self.width - filled)
+            line = f"\r{prefix}[{bar}] {self.count:,}/{self.total:,} {frac:4.0%} {rate:,.0f} rec/s"
+        else:
+            line = f"\r{prefix}{self.count:,} records {rate:,.0f} rec/s"
+        self.stream.write(line)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.perf_counter())
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class RateLimiter:
+    """Pace events at ``rate`` per second (0 = no limit): record ``i`` is due at ``start + i / rate``.
+
+    Sleeps only when more than ``slack_s`` ahead of schedule, so at high rates it sends in small bursts
+    and the long-run rate stays exact; if the caller falls behind it does not try to catch up in a burst
+    beyond the schedule (the schedule is absolute, so the average rate is honoured).
+    """
+
+    def __init__(self, rate: float, *, slack_s: float = 0.002) -> None:
+        if rate < 0:
+            raise ValueError(f"rate: expected records/s >= 0 (0 = as fast as possible), got {rate!r}")
+        self.rate = float(rate)
+        self.slack_s = slack_s
+        self.start = time.perf_counter()
+
+    def wait(self, index: int) -> None:
+        """Block until event ``index`` (0-based) is due."""
+        if self.rate <= 0:
+            return
+        due = self.start + index / self.rate
+        ahead = due - time.perf_counter()
+        if ahead > self.slack_s:
+            time.sleep(ahead)

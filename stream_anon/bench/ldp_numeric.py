@@ -1,0 +1,247 @@
+"""``stream-anon bench ldp-numeric``: bounded Laplace speed and scale, discretized utility, mean estimators,
+eps selection on ADULT, and DP k-means (QuadkDP / UniQuadkDP vs non-private k-means and diffprivlib).
+
+Prints markdown tables of what it measured.  ``--quick`` runs in seconds (few runs, small arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stream_anon.privacy.bounded_laplace import (
+    BoundedLaplace,
+    DiscretizedBoundedLaplace,
+    actual_epsilon,
+    bounded_laplace_scale,
+)
+from stream_anon.privacy.dp_kmeans import QuadTreeKMeans, nicv, relative_improvement, weighted_kmeans
+from stream_anon.privacy.epsilon_selection import select_epsilon_classifier, select_epsilon_numeric
+
+KMEANS_EPSILONS = (0.05, 0.1, 0.2, 0.5, 1.0)
+KMEANS_GAMMAS = (0.1, 0.3, 0.5, 0.7)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stream-anon bench ldp-numeric", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="few runs and small arrays (seconds)")
+    p.add_argument("--runs", type=int, default=None, help="seeded runs per DP k-means cell (default 30; quick 3)")
+    p.add_argument("--adult", default=None, help="path of adult.data (default $STREAM_ANON_ADULT)")
+    p.add_argument("--clusters", type=int, default=5, help="k for the DP k-means tables (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    p.add_argument("--skip", nargs="*", default=[], choices=["speed", "mean", "select", "kmeans"],
+                   help="sections to skip")
+    return p
+
+
+def _rate(fn: Callable[[], Any], n: int, repeats: int = 3) -> float:
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def _speed(quick: bool, seed: int) -> None:
+    n = 200_000 if quick else 1_000_000
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(17, 90, n)
+    blap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, rng=seed)
+    cats = ["Preschool", "HS-grad", "Some-college", "Bachelors", "Masters"]
+    dblap = DiscretizedBoundedLaplace(epsilon=1.0, categories=cats, rng=seed)
+    idx = rng.integers(0, 5, n)
+    vals = np.array(cats, dtype=object)[idx]
+    snap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, snap_bits=20, rng=seed)
+    print("## Speed (one core, best of 3)\n")
+    print("| mechanism | values | values/s |")
+    print("|---|---:|---:|")
+    print(f"| BoundedLaplace.randomise_many | {n:,} | {_rate(lambda: blap.randomise_many(x), n):,.0f} |")
+    print(f"| BoundedLaplace.randomise_many (snap_bits=20) | {n:,} | {_rate(lambda: snap.randomise_many(x), n):,.0f} |")
+    print(f"| DiscretizedBoundedLaplace.randomise_indices | {n:,} | "
+          f"{_rate(lambda: dblap.randomise_indices(idx), n):,.0f} |")
+    print(f"| DiscretizedBoundedLaplace.randomise_many (strings) | {n:,} | "
+          f"{_rate(lambda: dblap.randomise_many(vals), n):,.0f} |")
+    print()
+    print("## Naive scale dQ/eps vs the scale that gives eps (domain [-1, 1], width 2)\n")
+    print("| sensitivity | eps | naive b | actual eps of naive b | Holohan b | actual eps of Holohan b |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for sens in (2.0, 1.0, 0.5, 0.1):
+        for eps in (0.1, 1.0, 5.0):
+            b = bounded_laplace_scale(epsilon=eps, sensitivity=sens, width=2.0)
+            print(f"| {sens:g} | {eps:g} | {sens / eps:.4g} | {actual_epsilon(sens / eps, sens, 2.0):.4f} | "
+                  f"{b:.4g} | {actual_epsilon(b, sens, 2.0):.4f} |")
+    print()
+    print("## Discretized bounded Laplace vs k-RR, m = 5: P(report = true category)\n")
+    print("| eps | DBL P(true) per category (ends .. middle) | k-RR P(true) |")
+    print("|---:|---|---:|")
+    for eps in (0.5, 1.0, 2.0, 5.0, 10.0):
+        p = DiscretizedBoundedLaplace(epsilon=eps, categories=cats).p_true
+        print(f"| {eps:g} | {', '.join(f'{v:.3f}' for v in p)} | {math.exp(eps) / (math.exp(eps) + 4):.3f} |")
+    print()
+
+
+def _adult(path: str | None) -> Any:
+    from stream_anon.core.datasets import read_adult
+
+    return read_adult(path)
+
+
+def _mean_estimators(df: Any, quick: bool, seed: int) -> None:
+    runs = 10 if quick else 50
+    print(f"## Mean estimators on ADULT ({runs} seeded runs): bias and SD of the estimate\n")
+    print("| attribute | eps | boundary-corrected bias | SD | aggregate bias | SD | per-value bias | SD |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rng = np.random.default_rng(seed)
+    for col, lo, hi in (("age", 17, 90), ("hours-per-week", 1, 99)):
+        x = df[col].to_numpy(dtype=float)
+        for eps in (0.5, 1.0, 2.0, 5.0):
+            m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, rng=rng)
+            res: dict[str, list[float]] = {"boundary-corrected": [], "aggregate": [], "per-value": []}
+            for _ in range(runs):
+                y = m.randomise_many(x)
+                for meth, lst in res.items():
+                    lst.append(m.estimate_mean(y, method=meth)[0])  # type: ignore[arg-type]
+            cells = []
+            for lst in res.values():
+                a = np.array(lst)
+                cells.append(f"{a.mean() - x.mean():+.3f} | {a.std(ddof=1):.3f}")
+            print(f"| {col} | {eps:g} | " + " | ".join(cells) + " |")
+    print()
+
+
+def _selection(df: Any, quick: bool, seed: int) -> None:
+    runs = 2 if quick else 5
+    grid = (0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0)
+    print(f"## Epsilon selection on ADULT (bounded Laplace, {runs} runs per eps)\n")
+    for col, lo, hi, target in (("age", 17, 90, 5.0), ("hours-per-week", 1, 99, 5.0)):
+        x = df[col].to_numpy(dtype=float)
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=target, metric="mae", grid=grid, runs=runs, rng=seed)
+        print(f"### {col}: smallest eps with mean absolute error <= {target:g} -> {c.selected_epsilon}\n")
+        print("```\n" + c.format_table() + "\n```\n")
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs, rng=seed)
+        print(f"### {col}: smallest eps with |mean error| <= 0.5 (boundary-corrected mean) -> {c.selected_epsilon}\n")
+        print("```\n" + c.format_table() + "\n```\n")
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        print("(classifier-based selection skipped: scikit-learn not installed)\n")
+        return
+    cols = ["age", "education-num", "hours-per-week"]
+    X = df[cols].to_numpy(dtype=float)
+    y = (df["income"] == ">50K").to_numpy()
+    cgrid = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+    for score in ("accuracy", "balanced_accuracy"):
+        c = select_epsilon_classifier(X, y, lower=[17, 1, 1], upper=[90, 16, 99], target=0.75 if score == "accuracy"
+                                      else 0.9, score=score, grid=cgrid, runs=runs, rng=seed)  # type: ignore[arg-type]
+        print(f"### income ~ {', '.join(cols)} (logistic regression; eps per record split over 3 columns): "
+              f"relative {score} -> {c.selected_epsilon}\n")
+        print("```\n" + c.format_table() + "\n```\n")
+
+
+def _blobs(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.uniform(0.15, 0.85, size=(5, 2))
+    return np.clip(centers[rng.integers(0, 5, n)] + rng.normal(0, 0.05, (n, 2)), 0.0, 1.0)
+
+
+def _diffprivlib_kmeans() -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from diffprivlib.models import KMeans
+        return KMeans
+    except Exception:  # noqa: BLE001 - any import failure (e.g. scikit-learn 1.9) means: no peer
+        return None
+
+
+def _kmeans(datasets: Sequence[tuple[str, np.ndarray]], k: int, runs: int, quick: bool, seed: int) -> None:
+    eps_list = KMEANS_EPSILONS
+    gammas = (0.3, 0.7) if quick else KMEANS_GAMMAS
+    peer = _diffprivlib_kmeans()
+    for name, X in datasets:
+        t0 = time.perf_counter()
+        base = min(nicv(X, weighted_kmeans(X, np.ones(len(X)), k, rng=seed + s, n_init=3)[0]) for s in range(3))
+        print(f"## DP k-means on {name} (n = {len(X):,}, k = {k}, {runs} seeded runs, box [0, 1]^2)\n")
+        print(f"non-private k-means NICV = {base:.6f} (best of 3 seeded Lloyd runs, 3 k-means++ inits each)\n")
+        print("| eps | gamma | QuadkDP NICV | UniQuadkDP NICV | RP | leaves (mean) |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for eps in eps_list:
+            for gamma in gammas:
+                res: dict[str, list[float]] = {"quad": [], "uniquad": []}
+                leaves = []
+                for variant in ("quad", "uniquad"):
+                    for r in range(runs):
+                        m = QuadTreeKMeans(n_clusters=k, epsilon=eps, bounds=(0.0, 1.0), gamma=gamma,
+                                           variant=variant, rng=seed * 100_003 + r).fit(X)
+                        assert m.cluster_centers_ is not None and m.leaves_ is not None
+                        res[variant].append(nicv(X, m.cluster_centers_))
+                        leaves.append(len(m.leaves_))
+                q, u = np.array(res["quad"]), np.array(res["uniquad"])
+                print(f"| {eps:g} | {gamma:g} | {q.mean():.5f} ± {q.std(ddof=1) / math.sqrt(runs):.5f} | "
+                      f"{u.mean():.5f} ± {u.std(ddof=1) / math.sqrt(runs):.5f} | "
+                      f"{relative_improvement(q.mean(), u.mean(), base):+.3f} | {np.mean(leaves):.0f} |")
+        print()
+        if peer is not None:
+            print("| eps | diffprivlib KMeans NICV (bounds=([0,0],[1,1])) |")
+            print("|---:|---:|")
+            for eps in eps_list:
+                vals = []
+                for r in range(runs):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        pm = peer(n_clusters=k, epsilon=eps, bounds=([0.0, 0.0], [1.0, 1.0]),
+                                  random_state=seed * 100_003 + r).fit(X)
+                    vals.append(nicv(X, pm.cluster_centers_))
+                a = np.array(vals)
+                print(f"| {eps:g} | {a.mean():.5f} ± {a.std(ddof=1) / math.sqrt(runs):.5f} |")
+            print()
+        else:
+            print("(diffprivlib not importable: peer column skipped)\n")
+        print(f"({name}: {time.perf_counter() - t0:.1f} s)\n")
+    # speed requirement: UniQuadkDP on 100,000 2-D points
+    X = _blobs(100_000, seed + 1)
+    times = []
+    for r in range(3):
+        t = time.perf_counter()
+        QuadTreeKMeans(n_clusters=k, epsilon=1.0, bounds=(0.0, 1.0), variant="uniquad", rng=r).fit(X)
+        times.append(time.perf_counter() - t)
+    print(f"UniQuadkDP fit on 100,000 2-D points: best {min(times):.3f} s, worst {max(times):.3f} s "
+          f"(eps = 1, gamma = 0.5, k = {k})\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv or [])
+    quick = bool(args.quick)
+    runs = args.runs if args.runs is not None else (3 if quick else 30)
+    if runs < 2:
+        print("--runs must be at least 2 (standard errors)")
+        return 2
+    t0 = time.perf_counter()
+    print(f"# stream-anon bench ldp-numeric{' --quick' if quick else ''} (runs = {runs}, seed = {args.seed})\n")
+    if "speed" not in args.skip:
+        _speed(quick, args.seed)
+    df = None
+    if {"mean", "select", "kmeans"} - set(args.skip):
+        df = _adult(args.adult)
+    if "mean" not in args.skip:
+        _mean_estimators(df, quick, args.seed)
+    if "select" not in args.skip:
+        _selection(df, quick, args.seed)
+    if "kmeans" not in args.skip:
+        assert df is not None
+        age = (df["age"].to_numpy(dtype=float) - 17.0) / (90.0 - 17.0)  # schema domains [17, 90], [1, 99]
+        hours = (df["hours-per-week"].to_numpy(dtype=float) - 1.0) / (99.0 - 1.0)
+        adult_xy = np.column_stack([age, hours])
+        blobs = _blobs(20_000 if not quick else 5_000, args.seed)
+        _kmeans([("ADULT age x hours-per-week", adult_xy), ("synthetic blobs (5 Gaussians, sd 0.05)", blobs)],
+                args.clusters, runs, quick, args.seed)
+    print(f"total time: {time.perf_counter() - t0:.1f} s")
+    return 0

@@ -1,0 +1,86 @@
+"""``stream-anon report RUN_DIR [--output PATH] [--compute-extras]``: the visual HTML report of a run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def register(subparsers: Any) -> None:
+    from stream_anon.report.extras import DEFAULT_DELTAS, DEFAULT_EPSILONS, DEFAULT_KS
+
+    p = subparsers.add_parser(
+        "report", help="write the HTML report of a run directory (plots of loss, delay, classes, LDP errors)",
+        description="Write a self-contained HTML page (PNG plots embedded) for RUN_DIR, which holds summary.json "
+                    "and released.csv (+ optional delays.json, grid.json, ldp_curves.json, side_estimates.json; "
+                    "format in docs/deploy.md).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (written by `stream-anon demo`)")
+    p.add_argument("--output", "-o", default=None, help="HTML file to write (default RUN_DIR/report.html)")
+    p.add_argument("--png-dir", default=None, help="also save every plot as a PNG file in this directory")
+    p.add_argument("--compute-extras", action="store_true",
+                   help="first compute the missing grid.json / ldp_curves.json / side_estimates.json on ADULT "
+                        "(engine grid on the first --grid-records records, LDP mechanisms on the whole file)")
+    p.add_argument("--overwrite-extras", action="store_true", help="with --compute-extras: recompute existing files")
+    p.add_argument("--adult", default=None, help="ADULT file for --compute-extras (default $STREAM_ANON_ADULT)")
+    p.add_argument("--grid-records", type=int, default=5000, help="records per engine grid run (default 5000)")
+    p.add_argument("--grid-k", type=_ints, default=list(DEFAULT_KS), help="k values of the grid, e.g. 5,10,25,50")
+    p.add_argument("--grid-delta", type=_ints, default=list(DEFAULT_DELTAS),
+                   help="delta values of the grid, e.g. 250,500,1000,2000")
+    p.add_argument("--epsilons", type=_floats, default=list(DEFAULT_EPSILONS),
+                   help="epsilons of the LDP curves, e.g. 0.25,0.5,1,2,4,8")
+    p.add_argument("--repetitions", type=int, default=5, help="repetitions per LDP curve point (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the extras (engine and mechanisms)")
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from stream_anon.report.html import write_report
+    from stream_anon.report.rundir import RunDirError
+
+    if args.grid_records < 1:
+        print(f"stream-anon report: --grid-records must be >= 1, got {args.grid_records}", file=sys.stderr)
+        return 2
+    if args.repetitions < 1:
+        print(f"stream-anon report: --repetitions must be >= 1, got {args.repetitions}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        if args.compute_extras:
+            from stream_anon.core.datasets import DatasetError
+            from stream_anon.report.extras import compute_extras
+
+            try:
+                written = compute_extras(args.run_dir, adult_path=args.adult, grid_records=args.grid_records,
+                                         ks=args.grid_k, deltas=args.grid_delta, epsilons=args.epsilons,
+                                         repetitions=args.repetitions, seed=args.seed,
+                                         overwrite=args.overwrite_extras)
+            except DatasetError as e:
+                print(f"stream-anon report: --compute-extras needs the ADULT file: {e}", file=sys.stderr)
+                return 2
+            for path in written:
+                print(f"computed {path}")
+        out = write_report(args.run_dir, args.output, png_dir=args.png_dir)
+    except RunDirError as e:
+        print(f"stream-anon report: {e}", file=sys.stderr)
+        return 2
+    print(f"report written to {out} ({out.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)")
+    return 0

@@ -1,0 +1,131 @@
+"""Engine parameters (CASTLE, Cao et al., IEEE TDSC 8(3), 2011; UBDSA, Sopaoglu & Abul, JIIS 54, 2020).
+
+Every parameter is validated when the config is built; a bad value raises :class:`EngineConfigError`
+naming the parameter, the allowed range and the value received.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+ALGORITHMS = ("castle", "ubdsa")
+LOSSES = ("gt", "lm", "ubdsa")
+LEFTOVER_POLICIES = ("suppress", "leftover")
+
+DEFAULT_ZETA = 1000
+"""Default bound of Omega (released clusters kept for reuse): the 1000 most recent ones."""
+
+
+class EngineConfigError(ValueError):
+    """An engine parameter is out of range; ``parameter``, ``allowed`` and ``value`` say which and why."""
+
+    def __init__(self, parameter: str, allowed: str, value: Any):
+        super().__init__(f"{parameter}: must be {allowed}, got {value!r}")
+        self.parameter = parameter
+        self.allowed = allowed
+        self.value = value
+
+
+def _int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise EngineConfigError(name, allowed, value)
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise EngineConfigError(name, allowed, value)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Parameters of the delay-bounded k-anonymity engine.
+
+    Attributes:
+        k: every released class holds >= k distinct individuals (k >= 2).
+        delta: delay bound in arrivals: when the record at position p arrives, the record at p - delta is
+            released (or suppressed) if still buffered. Must be >= k (a smaller buffer can never form a class).
+        beta: maximum number of open (non-k-anonymized) clusters, >= 1.
+        mu: tau = mean loss of the mu most recently released clusters (tau starts at 0), >= 1.
+        algorithm: ``castle`` (Cao et al.) or ``ubdsa`` (delay-aware variant, see docs/engine.md).
+        loss: loss that scores cluster choice: ``gt`` (Goldberger-Tassa), ``lm`` (CASTLE/Iyengar), ``ubdsa`` (CAIL).
+        leftover: ``suppress`` (CASTLE) or ``leftover`` (ADULT stream paper: an independent leftover cluster).
+        delta_leftover: how many further arrivals a leftover record may wait (default: delta).
+        l: optional l-diversity: every released class holds >= l distinct sensitive values.
+        zeta: Omega (reuse set) keeps at most the zeta most recently released clusters (0 disables reuse).
+        max_age: Omega also drops clusters released more than max_age arrivals ago (None: no age limit).
+        max_delay_seconds: optional wall-clock bound: a record buffered longer than this (by ``now``) is
+            handled as if its delay had expired.
+        adaptive_delay: adjust the effective delay in [delta_min, delta] after each release.
+        delta_min: lower end of the adaptive delay (default: max(k, delta // 4)).
+        seed: seed of the engine's generator (random choices of CASTLE); None: OS entropy.
+        age_weight: UBDSA only: weight of the age pressure in the cluster-choice score (per-record loss units).
+    """
+
+    k: int
+    delta: int
+    beta: int
+    mu: int
+    algorithm: str = "castle"
+    loss: str = "gt"
+    leftover: str = "suppress"
+    delta_leftover: int | None = None
+    l: int | None = None  # noqa: E741 - the paper's name
+    zeta: int = DEFAULT_ZETA
+    max_age: int | None = None
+    max_delay_seconds: float | None = None
+    adaptive_delay: bool = False
+    delta_min: int | None = None
+    seed: int | None = 0
+    age_weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "k", _int("k", self.k, 2))
+        set_(self, "delta", _int("delta", self.delta, self.k))
+        set_(self, "beta", _int("beta", self.beta, 1))
+        set_(self, "mu", _int("mu", self.mu, 1))
+        if self.algorithm not in ALGORITHMS:
+            raise EngineConfigError("algorithm", f"one of {list(ALGORITHMS)}", self.algorithm)
+        if self.loss not in LOSSES:
+            raise EngineConfigError("loss", f"one of {list(LOSSES)}", self.loss)
+        if self.leftover not in LEFTOVER_POLICIES:
+            raise EngineConfigError("leftover", f"one of {list(LEFTOVER_POLICIES)}", self.leftover)
+        if self.delta_leftover is not None:
+            set_(self, "delta_leftover", _int("delta_leftover", self.delta_leftover, 1))
+        if self.l is not None:
+            set_(self, "l", _int("l", self.l, 1))
+        set_(self, "zeta", _int("zeta", self.zeta, 0))
+        if self.max_age is not None:
+            set_(self, "max_age", _int("max_age", self.max_age, 1))
+        if self.max_delay_seconds is not None:
+            v = self.max_delay_seconds
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
+                raise EngineConfigError("max_delay_seconds", "a finite number of seconds > 0 (or None)", v)
+            set_(self, "max_delay_seconds", float(v))
+        if not isinstance(self.adaptive_delay, bool):
+            raise EngineConfigError("adaptive_delay", "true or false", self.adaptive_delay)
+        if self.delta_min is not None:
+            set_(self, "delta_min", _int("delta_min", self.delta_min, self.k, self.delta))
+        if self.seed is not None:
+            set_(self, "seed", _int("seed", self.seed, 0))
+        w = self.age_weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w >= 0):
+            raise EngineConfigError("age_weight", "a finite number >= 0", w)
+        set_(self, "age_weight", float(w))
+
+    @property
+    def effective_delta_leftover(self) -> int:
+        return self.delta if self.delta_leftover is None else self.delta_leftover
+
+    @property
+    def effective_delta_min(self) -> int:
+        if self.delta_min is not None:
+            return self.delta_min
+        return max(self.k, self.delta // 4)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,194 @@
+"""Privacy budget accounting (pure eps-DP, sequential composition).
+
+* :class:`BudgetAccountant` holds a total eps; each release ``spend``\\ s part of it and is refused with
+  :class:`BudgetExhaustedError` (never silently) when it would exceed the total.  Comparisons allow a
+  relative tolerance of 1e-9 so that budgets split into floating-point parts (or an OpenDP eps rounded up
+  to 1.0000000000000002) still add up to their total.
+* Per-record composition: the eps of several perturbed attributes of one record add up
+  (:func:`sequential_composition`) unless a per-record total is split among them (:func:`split_budget`).
+* :class:`WindowedBudget`: a budget per stream window (e.g. one DP k-means release per window); it
+  resets when a new window starts and refuses to reopen a window it has left.
+
+Sequential composition (Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", Thm 3.16):
+mechanisms with eps_1..eps_m applied to the same individual's data are (sum eps_i)-DP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon
+
+RELATIVE_TOLERANCE = 1e-9
+
+
+class BudgetExhaustedError(RuntimeError):
+    """A release would spend more eps than remains; nothing was spent."""
+
+    def __init__(self, message: str, *, requested: float, remaining: float, total: float, label: str):
+        super().__init__(message)
+        self.requested = requested
+        self.remaining = remaining
+        self.total = total
+        self.label = label
+
+
+@dataclass(frozen=True)
+class BudgetSpend:
+    """One spend: what it was for, its eps, and the cumulative eps after it."""
+
+    label: str
+    epsilon: float
+    spent_after: float
+
+
+def _tolerance(total: float) -> float:
+    return RELATIVE_TOLERANCE * max(total, 1e-300)
+
+
+class BudgetAccountant:
+    """A total eps that releases spend; refuses (``BudgetExhaustedError``) instead of overspending.
+
+    ``history`` keeps the last ``max_history`` spends (bounded); ``spent`` and ``n_spends`` cover all.
+    """
+
+    def __init__(self, *, total_epsilon: float, max_history: int = 10_000):
+        self.total_epsilon = check_epsilon(total_epsilon, "total_epsilon")
+        if isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1:
+            raise PrivacyParameterError(f"max_history: expected an integer >= 1, got {max_history!r}")
+        self._spent = 0.0
+        self._compensation = 0.0
+        self.n_spends = 0
+        self._history: deque[BudgetSpend] = deque(maxlen=max_history)
+
+    @property
+    def spent(self) -> float:
+        return self._spent + self._compensation
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.total_epsilon - self.spent)
+
+    @property
+    def history(self) -> list[BudgetSpend]:
+        return list(self._history)
+
+    def can_spend(self, epsilon: float) -> bool:
+        eps = check_epsilon(epsilon)
+        return self.spent + eps <= self.total_epsilon + _tolerance(self.total_epsilon)
+
+    def spend(self, epsilon: float, label: str = "") -> BudgetSpend:
+        """Spend ``epsilon`` for ``label``; raises ``BudgetExhaustedError`` (spending nothing) if it does not fit."""
+        eps = check_epsilon(epsilon)
+        if not self.can_spend(eps):
+            raise BudgetExhaustedError(
+                f"privacy budget exhausted: {label or 'release'!s} needs epsilon={eps:.6g} but only "
+                f"{self.remaining:.6g} of total epsilon={self.total_epsilon:.6g} remains "
+                f"(spent {self.spent:.6g} in {self.n_spends} release(s)); the release was not made",
+                requested=eps, remaining=self.remaining, total=self.total_epsilon, label=label)
+        # Neumaier compensated summation: many tiny spends still add up exactly enough
+        t = self._spent + eps
+        if abs(self._spent) >= eps:
+            self._compensation += (self._spent - t) + eps
+        else:
+            self._compensation += (eps - t) + self._spent
+        self._spent = t
+        self.n_spends += 1
+        record = BudgetSpend(label=str(label), epsilon=eps, spent_after=self.spent)
+        self._history.append(record)
+        return record
+
+    def __repr__(self) -> str:
+        return f"BudgetAccountant(total_epsilon={self.total_epsilon!r}, spent={self.spent:.6g}, spends={self.n_spends})"
+
+
+def sequential_composition(epsilons: Iterable[float] | Mapping[Any, float]) -> float:
+    """eps of applying all the mechanisms to one record: the (exact, compensated) sum."""
+    values = list(epsilons.values()) if isinstance(epsilons, Mapping) else list(epsilons)
+    return math.fsum(check_epsilon(e) for e in values)
+
+
+def split_budget(total: float, weights: Sequence[float] | Mapping[Any, float]) -> list[float] | dict[Any, float]:
+    """Split a per-record total eps in proportion to ``weights`` (list -> list, mapping -> dict).
+
+    The parts add up to ``total`` within floating point (checked), so their sequential composition is the
+    total and a :class:`BudgetAccountant` with that total accepts all of them.
+    """
+    tot = check_epsilon(total, "total")
+    keys = list(weights.keys()) if isinstance(weights, Mapping) else None
+    ws = [float(w) for w in (weights.values() if isinstance(weights, Mapping) else weights)]
+    if not ws:
+        raise PrivacyParameterError("weights: need at least one weight")
+    for w in ws:
+        if not (w > 0) or math.isinf(w):
+            raise PrivacyParameterError(f"weights: each weight must be in (0, inf), got {w!r}")
+    s = math.fsum(ws)
+    parts = [tot * w / s for w in ws]
+    assert abs(math.fsum(parts) - tot) <= _tolerance(tot)
+    return dict(zip(keys, parts, strict=True)) if keys is not None else parts
+
+
+class WindowedBudget:
+    """eps budget per stream window: each window (a key that only moves forward) gets ``epsilon_per_window``.
+
+    ``spend(epsilon, label, window=w)``: a new window resets the budget; returning to an earlier window is
+    refused (its spends are no longer tracked, so it could be overspent).  Only the current window's
+    accountant is kept (bounded state).
+    """
+
+    def __init__(self, *, epsilon_per_window: float, max_history: int = 1_000):
+        self.epsilon_per_window = check_epsilon(epsilon_per_window, "epsilon_per_window")
+        self._max_history = max_history
+        self.window: Hashable | None = None
+        self._accountant = BudgetAccountant(total_epsilon=self.epsilon_per_window, max_history=max_history)
+        self.windows_seen = 0
+
+    def _enter(self, window: Hashable) -> None:
+        if self.window is None or window != self.window:
+            if self.window is not None:
+                try:
+                    moved_back = bool(window < self.window)  # type: ignore[operator]
+                except TypeError as e:
+                    raise PrivacyParameterError(
+                        f"window: keys must be comparable and increasing, got {window!r} after {self.window!r}") from e
+                if moved_back:
+                    raise BudgetExhaustedError(
+                        f"window {window!r} is earlier than the current window {self.window!r}: its budget is no "
+                        f"longer tracked, so no more can be spent in it",
+                        requested=math.nan, remaining=0.0, total=self.epsilon_per_window, label=str(window))
+            self.window = window
+            self.windows_seen += 1
+            self._accountant = BudgetAccountant(total_epsilon=self.epsilon_per_window, max_history=self._max_history)
+
+    def spend(self, epsilon: float, label: str = "", *, window: Hashable) -> BudgetSpend:
+        self._enter(window)
+        try:
+            return self._accountant.spend(epsilon, f"{label} (window {window!r})" if label else f"window {window!r}")
+        except BudgetExhaustedError as e:
+            raise BudgetExhaustedError(
+                f"window {window!r}: {e}", requested=e.requested, remaining=e.remaining,
+                total=e.total, label=e.label) from None
+
+    def remaining(self, window: Hashable) -> float:
+        if self.window is not None and window != self.window:
+            try:
+                if window < self.window:  # type: ignore[operator]
+                    return 0.0
+            except TypeError:
+                return 0.0
+            return self.epsilon_per_window
+        return self._accountant.remaining
+
+    @property
+    def spent(self) -> float:
+        """eps spent in the current window."""
+        return self._accountant.spent
+
+    @property
+    def history(self) -> list[BudgetSpend]:
+        """Spends of the current window."""
+        return self._accountant.history

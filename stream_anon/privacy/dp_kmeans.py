@@ -1,0 +1,360 @@
+"""Differentially private k-means from a noisy quadtree histogram: QuadkDP and UniQuadkDP.
+
+References
+----------
+* QuadkDP: Goo, Hong & Shim, "Differentially private k-means clustering based on a quadtree" (J. KIISE 2018).
+* UniQuadkDP: Hong, Goo & Shim (uniform sampling inside the quadtree leaves).
+
+Algorithm (d-dimensional points in a PUBLIC box, 2^d-ary tree):
+
+1. Tree (eps1 = gamma * eps).  Level l = 0 .. max_depth-1: every node of level l gets a noisy count
+   c + Lap(max_depth / eps1); a node splits into its 2^d children iff the noisy count exceeds ``threshold``.
+   Nodes of one level are disjoint (parallel composition: one record changes one count by 1), and the
+   ``max_depth`` levels compose sequentially: eps1 / max_depth each, eps1 in total (whatever depth is reached).
+   Nodes that do not split, and all nodes of level max_depth, are the leaves.
+2. Leaf counts (eps2 = (1 - gamma) eps).  The leaves partition the box: one noisy count per leaf,
+   c + Lap(1 / eps2), negatives clipped to 0 (post-processing).
+3. Clustering (post-processing, no budget): weighted Lloyd k-means with k-means++ initialisation on
+   * QuadkDP ("quad"): leaf centres weighted by their noisy counts;
+   * UniQuadkDP ("uniquad"): ``samples_per_leaf`` = m points drawn uniformly in each leaf, weight count / m.
+   Fallback when there are fewer than k distinct weighted points (few leaves with positive weight): each
+   positive leaf is represented by ceil(k / #positive) uniform points (the UniQuad representation); with no
+   positive leaf at all, k-means++ runs on uniform points of the whole box (weight 1).  Never crashes.
+
+Total spent: eps1 + eps2 = eps (``.epsilon``).  Utility metric: NICV = (1/|D|) sum_x min_j ||x - c_j||^2 on the
+original data (``nicv``); RP = (NICV_Quad - NICV_UniQuad) / NICV_noprivacy (``relative_improvement``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from stream_anon.privacy.base import (
+    PrivacyParameterError,
+    check_epsilon,
+    check_int,
+    secure_rng,
+)
+
+__all__ = [
+    "QuadTreeKMeans",
+    "QuadTreeLeaves",
+    "kmeans_plusplus",
+    "nicv",
+    "noisy_quadtree",
+    "relative_improvement",
+    "weighted_kmeans",
+]
+
+Variant = Literal["quad", "uniquad"]
+
+
+# --------------------------------------------------------------------------------------------- metrics
+def nicv(X: Any, centers: Any) -> float:
+    """Normalized intra-cluster variance: (1/|D|) sum_x min_j ||x - c_j||^2 (chunked, vectorized)."""
+    x = np.asarray(X, dtype=np.float64)
+    c = np.asarray(centers, dtype=np.float64)
+    if x.ndim != 2 or c.ndim != 2 or x.shape[1] != c.shape[1]:
+        raise PrivacyParameterError(f"nicv: X (n, d) and centers (k, d) must agree in d, got {x.shape}, {c.shape}")
+    if x.shape[0] == 0:
+        raise PrivacyParameterError("nicv: X is empty")
+    total = 0.0
+    c2 = (c * c).sum(axis=1)
+    for start in range(0, x.shape[0], 65536):
+        part = x[start:start + 65536]
+        d2 = (part * part).sum(axis=1)[:, None] - 2.0 * part @ c.T + c2[None, :]
+        total += float(np.maximum(d2.min(axis=1), 0.0).sum())
+    return total / x.shape[0]
+
+
+def relative_improvement(nicv_quad: float, nicv_uniquad: float, nicv_noprivacy: float) -> float:
+    """RP = (NICV_Quad - NICV_UniQuad) / NICV_noprivacy (positive: UniQuadkDP is better)."""
+    return (nicv_quad - nicv_uniquad) / nicv_noprivacy
+
+
+# ------------------------------------------------------------------------------------ weighted k-means
+def _sq_dist(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    d2 = (points * points).sum(axis=1)[:, None] - 2.0 * points @ centers.T + (centers * centers).sum(axis=1)[None, :]
+    return np.maximum(d2, 0.0)
+
+
+def kmeans_plusplus(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Weighted k-means++ seeding (Arthur & Vassilvitskii 2007): P(pick x) ~ w(x) D(x)^2."""
+    n = points.shape[0]
+    w = np.asarray(weights, dtype=np.float64)
+    first = rng.choice(n, p=w / w.sum())
+    centers = [points[first]]
+    closest = _sq_dist(points, points[first:first + 1])[:, 0]
+    for _ in range(1, k):
+        p = w * closest
+        s = p.sum()
+        idx = rng.choice(n, p=p / s) if s > 0 else rng.choice(n, p=w / w.sum())
+        centers.append(points[idx])
+        closest = np.minimum(closest, _sq_dist(points, points[idx:idx + 1])[:, 0])
+    return np.array(centers)
+
+
+def weighted_kmeans(points: Any, weights: Any, n_clusters: int, *, rng: np.random.Generator | int | None = None,
+                    max_iter: int = 100, tol: float = 1e-8, n_init: int = 1) -> tuple[np.ndarray, float]:
+    """Weighted Lloyd k-means with k-means++ init; returns (centers (k, d), weighted inertia).
+
+    Requires at least ``n_clusters`` points with positive weight.  An empty cluster keeps its centre.
+    The best of ``n_init`` seeded restarts (lowest weighted inertia) is returned.
+    """
+    gen = secure_rng(rng)
+    pts = np.asarray(points, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    k = check_int(n_clusters, "n_clusters", 1)
+    keep = w > 0
+    pts, w = pts[keep], w[keep]
+    if pts.shape[0] < k:
+        raise PrivacyParameterError(f"weighted_kmeans: need at least n_clusters={k} points with positive weight, "
+                                    f"got {pts.shape[0]}")
+    best: tuple[np.ndarray, float] | None = None
+    for _ in range(check_int(n_init, "n_init", 1)):
+        centers = kmeans_plusplus(pts, w, k, gen)
+        for _ in range(max_iter):
+            labels = _sq_dist(pts, centers).argmin(axis=1)
+            mass = np.bincount(labels, weights=w, minlength=k)
+            sums = np.stack([np.bincount(labels, weights=w * pts[:, j], minlength=k) for j in range(pts.shape[1])],
+                            axis=1)
+            new = np.where(mass[:, None] > 0, sums / np.where(mass > 0, mass, 1.0)[:, None], centers)
+            shift = float(((new - centers) ** 2).sum())
+            centers = new
+            if shift <= tol:
+                break
+        inertia = float((w * _sq_dist(pts, centers).min(axis=1)).sum())
+        if best is None or inertia < best[1]:
+            best = (centers, inertia)
+    assert best is not None
+    return best
+
+
+# -------------------------------------------------------------------------------------------- quadtree
+@dataclass(frozen=True)
+class QuadTreeLeaves:
+    """Leaves of the noisy quadtree: boxes [lower, upper] (data units), depth, noisy counts (clipped >= 0)."""
+
+    lower: np.ndarray  # (L, d)
+    upper: np.ndarray  # (L, d)
+    depth: np.ndarray  # (L,)
+    noisy_counts: np.ndarray  # (L,)
+    n_nodes: int  # nodes created in total (including internal ones)
+
+    @property
+    def centers(self) -> np.ndarray:
+        return (self.lower + self.upper) / 2.0
+
+    def __len__(self) -> int:
+        return int(self.depth.shape[0])
+
+
+def _codes(coords: np.ndarray, level: int) -> np.ndarray:
+    """Integer code of cell coordinates (n, d) at a level (base 2^level digits)."""
+    base = np.int64(1) << np.int64(level)
+    code = np.zeros(coords.shape[0], dtype=np.int64)
+    for j in range(coords.shape[1]):
+        code = code * base + coords[:, j]
+    return code
+
+
+def noisy_quadtree(unit_points: np.ndarray, *, epsilon_tree: float, epsilon_counts: float, max_depth: int,
+                   threshold: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Build the noisy 2^d-ary tree on points of the unit box; returns (leaf coords, leaf depths, noisy counts, nodes).
+
+    Leaf coords are integer cell coordinates at the leaf's depth (cell = coords / 2^depth .. (coords+1) / 2^depth).
+    """
+    n, d = unit_points.shape
+    split_scale = max_depth / epsilon_tree
+    offsets = ((np.arange(2 ** d)[:, None] >> np.arange(d)[None, ::-1]) & 1).astype(np.int64)  # (2^d, d)
+    node_coords = np.zeros((1, d), dtype=np.int64)
+    pts = unit_points
+    leaf_coords: list[np.ndarray] = []
+    leaf_depths: list[np.ndarray] = []
+    leaf_true: list[np.ndarray] = []
+    n_nodes = 1
+    for level in range(max_depth + 1):
+        side = 1 << level
+        pc = np.minimum((pts * side).astype(np.int64), side - 1)
+        pcode = _codes(pc, level)
+        ncode = _codes(node_coords, level)
+        order = np.argsort(ncode)
+        ncode_sorted = ncode[order]
+        pos = np.searchsorted(ncode_sorted, pcode)  # every point lies in an active node
+        counts_sorted = np.bincount(pos, minlength=ncode.shape[0]).astype(np.float64)
+        counts = np.empty_like(counts_sorted)
+        counts[order] = counts_sorted
+        if level == max_depth:
+            split = np.zeros(ncode.shape[0], dtype=bool)
+        else:
+            noisy = counts + rng.laplace(0.0, split_scale, size=counts.shape)
+            split = noisy > threshold
+        leaf_coords.append(node_coords[~split])
+        leaf_depths.append(np.full(int((~split).sum()), level, dtype=np.int64))
+        leaf_true.append(counts[~split])
+        if not split.any():
+            break
+        parents = node_coords[split]
+        node_coords = (parents[:, None, :] * 2 + offsets[None, :, :]).reshape(-1, d)
+        n_nodes += node_coords.shape[0]
+        # keep only the points inside split nodes
+        split_sorted = split[order]
+        pts = pts[split_sorted[pos]]
+    coords = np.concatenate(leaf_coords, axis=0)
+    depths = np.concatenate(leaf_depths)
+    true_counts = np.concatenate(leaf_true)
+    noisy_counts = np.maximum(true_counts + rng.laplace(0.0, 1.0 / epsilon_counts, size=true_counts.shape), 0.0)
+    return coords, depths, noisy_counts, n_nodes
+
+
+# ------------------------------------------------------------------------------------------- estimator
+class QuadTreeKMeans:
+    """eps-DP k-means via a noisy quadtree histogram (QuadkDP / UniQuadkDP, see module docstring).
+
+    Parameters (keyword-only): ``n_clusters`` k; ``epsilon`` total budget; ``bounds`` = (lower, upper), scalars
+    or length-d sequences, PUBLIC (never derived from the data); ``gamma`` in (0, 1): share for the tree;
+    ``variant`` "quad" (leaf centres) or "uniquad" (uniform samples in leaves); ``max_depth`` (default
+    max(1, 12 // d): 6 levels for d = 2); ``threshold`` on noisy counts for splitting (default
+    3 * sqrt(2) * max_depth / eps1, three noise standard deviations, so an empty node splits with probability
+    0.5 exp(-3 sqrt 2) = 0.7 %); ``samples_per_leaf`` m for "uniquad"; ``out_of_bounds`` "error" or "clip";
+    ``n_init`` k-means restarts (post-processing); ``rng``.
+    After ``fit``: ``cluster_centers_`` (k, d), ``leaves_`` (QuadTreeLeaves), ``fallback_`` (None or what was
+    done), ``epsilon`` (= epsilon_tree + epsilon_counts, what was spent).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_clusters: int,
+        epsilon: float,
+        bounds: tuple[Any, Any],
+        gamma: float = 0.5,
+        variant: Variant = "quad",
+        max_depth: int | None = None,
+        threshold: float | None = None,
+        samples_per_leaf: int = 10,
+        out_of_bounds: Literal["error", "clip"] = "error",
+        n_init: int = 3,
+        max_iter: int = 100,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
+        self.n_clusters = check_int(n_clusters, "n_clusters", 1)
+        self.epsilon = check_epsilon(epsilon)
+        if isinstance(gamma, bool) or not isinstance(gamma, int | float | np.floating) or not 0.0 < gamma < 1.0:
+            raise PrivacyParameterError(f"gamma: must be in (0, 1), got {gamma!r}")
+        self.gamma = float(gamma)
+        if variant not in ("quad", "uniquad"):
+            raise PrivacyParameterError(f"variant: must be 'quad' or 'uniquad', got {variant!r}")
+        self.variant: Variant = variant
+        try:
+            lo = np.atleast_1d(np.asarray(bounds[0], dtype=np.float64))
+            hi = np.atleast_1d(np.asarray(bounds[1], dtype=np.float64))
+        except (TypeError, ValueError, IndexError) as e:
+            raise PrivacyParameterError(f"bounds: expected (lower, upper) numbers or sequences, got {bounds!r}") from e
+        if lo.shape != hi.shape or lo.ndim != 1 or not np.all(np.isfinite(lo)) or not np.all(np.isfinite(hi)) \
+                or not np.all(hi > lo):
+            raise PrivacyParameterError(f"bounds: need finite lower < upper of equal length, got {bounds!r}")
+        self.lower, self.upper = lo, hi
+        self.max_depth = None if max_depth is None else check_int(max_depth, "max_depth", 1, 62)
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+                                      or not math.isfinite(threshold)):
+            raise PrivacyParameterError(f"threshold: expected a finite number, got {threshold!r}")
+        self.threshold = threshold
+        self.samples_per_leaf = check_int(samples_per_leaf, "samples_per_leaf", 1)
+        if out_of_bounds not in ("error", "clip"):
+            raise PrivacyParameterError(f"out_of_bounds: must be 'error' or 'clip', got {out_of_bounds!r}")
+        self.out_of_bounds = out_of_bounds
+        self.n_init = check_int(n_init, "n_init", 1)
+        self.max_iter = check_int(max_iter, "max_iter", 1)
+        self.rng = secure_rng(rng)
+        self.epsilon_tree = self.gamma * self.epsilon
+        self.epsilon_counts = self.epsilon - self.epsilon_tree
+        self.cluster_centers_: np.ndarray | None = None
+        self.leaves_: QuadTreeLeaves | None = None
+        self.fallback_: str | None = None
+        self.threshold_: float | None = None
+        self.max_depth_: int | None = None
+
+    def __repr__(self) -> str:
+        return (f"QuadTreeKMeans(n_clusters={self.n_clusters}, epsilon={self.epsilon}, gamma={self.gamma}, "
+                f"variant={self.variant!r})")
+
+    def _unit(self, X: Any) -> np.ndarray:
+        x = np.asarray(X, dtype=np.float64)
+        if x.ndim == 1 and self.lower.shape[0] == 1:
+            x = x[:, None]
+        if x.ndim == 2 and self.lower.shape[0] == 1 and x.shape[1] > 1:  # scalar bounds: the same for every column
+            self.lower = np.repeat(self.lower, x.shape[1])
+            self.upper = np.repeat(self.upper, x.shape[1])
+        if x.ndim != 2 or x.shape[1] != self.lower.shape[0]:
+            raise PrivacyParameterError(f"X: expected shape (n, {self.lower.shape[0]}) matching bounds, got {x.shape}")
+        if x.shape[0] == 0:
+            raise PrivacyParameterError("X: no points")
+        if np.isnan(x).any():
+            raise PrivacyParameterError("X: contains NaN")
+        outside = (x < self.lower) | (x > self.upper)
+        if outside.any() and self.out_of_bounds == "error":
+            r, c = np.argwhere(outside)[0]
+            raise PrivacyParameterError(
+                f"X: column {c} must be within the public bounds [{self.lower[c]}, {self.upper[c]}], got {x[r, c]!r} "
+                f"({int(outside.any(axis=1).sum())} point(s) outside; pass out_of_bounds='clip')")
+        return np.clip((x - self.lower) / (self.upper - self.lower), 0.0, 1.0)
+
+    def fit(self, X: Any) -> QuadTreeKMeans:
+        """Build the noisy tree (spends eps) and cluster its synthetic weighted points."""
+        u = self._unit(X)
+        d = u.shape[1]
+        if d > 16:
+            raise PrivacyParameterError(f"X: at most 16 dimensions (2^d children per split), got d={d}")
+        max_depth = self.max_depth if self.max_depth is not None else max(1, 12 // d)
+        if d * max_depth > 62:
+            raise PrivacyParameterError(f"max_depth: d * max_depth must be <= 62, got {d} * {max_depth}")
+        threshold = (self.threshold if self.threshold is not None
+                     else 3.0 * math.sqrt(2.0) * max_depth / self.epsilon_tree)
+        self.max_depth_, self.threshold_ = max_depth, float(threshold)
+        coords, depths, counts, n_nodes = noisy_quadtree(
+            u, epsilon_tree=self.epsilon_tree, epsilon_counts=self.epsilon_counts, max_depth=max_depth,
+            threshold=float(threshold), rng=self.rng)
+        cell = 1.0 / (np.int64(1) << depths).astype(np.float64)
+        lo_unit = coords * cell[:, None]
+        hi_unit = lo_unit + cell[:, None]
+        width = self.upper - self.lower
+        self.leaves_ = QuadTreeLeaves(self.lower + lo_unit * width, self.lower + hi_unit * width, depths, counts,
+                                      n_nodes)
+        k = self.n_clusters
+        pos = counts > 0
+        n_pos = int(pos.sum())
+        self.fallback_ = None
+        if self.variant == "quad" and n_pos >= k:
+            points = (lo_unit[pos] + hi_unit[pos]) / 2.0
+            weights = counts[pos]
+        else:
+            m = self.samples_per_leaf if self.variant == "uniquad" else 1
+            if n_pos == 0:
+                self.fallback_ = "no leaf has a positive noisy count: k-means++ on uniform points of the whole box"
+                points = self.rng.random((max(k, 1) * self.samples_per_leaf, d))
+                weights = np.ones(points.shape[0])
+            else:
+                if n_pos * m < k:
+                    m = math.ceil(k / n_pos)
+                    self.fallback_ = (f"{n_pos} leaves with positive weight < k={k}: {m} uniform points per leaf "
+                                      f"(UniQuad representation)")
+                lo_p, hi_p = lo_unit[pos], hi_unit[pos]
+                r = self.rng.random((n_pos, m, d))
+                points = (lo_p[:, None, :] + r * (hi_p - lo_p)[:, None, :]).reshape(-1, d)
+                weights = np.repeat(counts[pos] / m, m)
+        centers_unit, _ = weighted_kmeans(points, weights, k, rng=self.rng, max_iter=self.max_iter,
+                                          n_init=self.n_init)
+        self.cluster_centers_ = self.lower + np.clip(centers_unit, 0.0, 1.0) * width
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Index of the nearest centre for each point."""
+        if self.cluster_centers_ is None:
+            raise PrivacyParameterError("QuadTreeKMeans: call fit(X) before predict")
+        x = np.asarray(X, dtype=np.float64)
+        return _sq_dist(x.reshape(x.shape[0], -1), self.cluster_centers_).argmin(axis=1)

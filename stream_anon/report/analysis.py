@@ -1,0 +1,117 @@
+"""Numbers the report plots, computed from the released records and the schema (no plotting here).
+
+Relative generalization of a released value (0 = exact, 1 = the whole domain), the per-attribute term of
+the Goldberger-Tassa / LM loss (Goldberger & Tassa 2010; Iyengar 2002):
+    numeric     ``[a-b]``  ->  (b - a) / (hi - lo)          with ``[lo, hi]`` the attribute's public domain
+    categorical node  n    ->  (leaves(n) - 1) / (M - 1)     with M the number of leaves of its hierarchy
+The hierarchy *level* of a categorical value is ``height - depth(n)``: 0 for a leaf (not generalized),
+``height`` for the root ``*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stream_anon.core.hierarchy import HierarchyError
+from stream_anon.core.intervals import IntervalFormatError, parse_interval
+from stream_anon.core.schema import Attribute, Kind, Schema
+
+SUPPRESSED_LABELS = frozenset({"*", ""})
+
+
+@dataclass
+class AttributeGeneralization:
+    """Per-record relative generalization of one quasi-identifier column of ``released.csv``."""
+
+    name: str
+    kind: str  # "numeric" | "categorical"
+    relative: np.ndarray  # float per record in [0, 1]; NaN where the value could not be interpreted
+    levels: np.ndarray | None  # categorical: hierarchy level per record (-1 if unknown)
+    height: int | None  # categorical: height of the hierarchy
+    unparsed: int  # values that are neither an interval of the domain nor a node of the hierarchy
+
+    @property
+    def mean_relative(self) -> float:
+        ok = ~np.isnan(self.relative)
+        return float(self.relative[ok].mean()) if ok.any() else float("nan")
+
+
+def _numeric_relative(attr: Attribute, labels: list[str]) -> np.ndarray:
+    assert attr.lo is not None and attr.hi is not None
+    span = attr.hi - attr.lo
+    out = np.full(len(labels), np.nan)
+    for i, label in enumerate(labels):
+        if label.strip() in SUPPRESSED_LABELS:
+            out[i] = 1.0
+            continue
+        try:
+            lo, hi = parse_interval(label)
+        except IntervalFormatError:
+            continue
+        out[i] = min(max((hi - lo) / span, 0.0), 1.0)
+    return out
+
+
+def _categorical(attr: Attribute, labels: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    h = attr.hierarchy
+    assert h is not None
+    m = h.n_leaves
+    rel = np.full(len(labels), np.nan)
+    lev = np.full(len(labels), -1, dtype=np.int64)
+    for i, label in enumerate(labels):
+        try:
+            node = h.node(label)
+        except HierarchyError:
+            if label.strip() in SUPPRESSED_LABELS:
+                node = h.root
+            else:
+                continue
+        rel[i] = (h.leaf_count(node) - 1) / (m - 1) if m > 1 else 0.0
+        lev[i] = h.height - int(h.node_depth[node])
+    return rel, lev, h.height
+
+
+def generalization_levels(released: pd.DataFrame, schema: Schema) -> list[AttributeGeneralization]:
+    """Relative generalization (and hierarchy level) of every QI column present in ``released``.
+
+    Each distinct released string is interpreted once and mapped back onto the records (vectorized over
+    records; a released column has at most a few thousand distinct generalizations).
+    """
+    out = []
+    for attr in schema.qis:
+        if attr.name not in released.columns:
+            continue
+        codes, uniques = pd.factorize(released[attr.name].astype(str), sort=False)
+        labels = [str(u) for u in uniques]
+        if attr.kind is Kind.NUMERIC:
+            rel_u = _numeric_relative(attr, labels)
+            lev_u: np.ndarray | None = None
+            height = None
+        else:
+            rel_u, lev_u, height = _categorical(attr, labels)
+        rel = rel_u[codes] if len(labels) else np.zeros(0)
+        levels = lev_u[codes] if lev_u is not None and len(labels) else None
+        out.append(AttributeGeneralization(name=attr.name, kind=attr.kind.value, relative=rel, levels=levels,
+                                           height=height, unparsed=int(np.isnan(rel).sum())))
+    return out
+
+
+def class_sizes(released: pd.DataFrame) -> np.ndarray:
+    """Records per released class id (a class released again under a reused cluster counts once per id)."""
+    if len(released) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return released.groupby("class_id", sort=False).size().to_numpy(dtype=np.int64)
+
+
+def quantiles(values: np.ndarray, qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, float]:
+    """``{"p50": ..., "p90": ..., "max": ...}`` of the finite values (empty dict when there are none)."""
+    v = values[np.isfinite(values)]
+    if v.size == 0:
+        return {}
+    out = {f"p{round(q * 100):d}": float(np.quantile(v, q)) for q in qs}
+    out["max"] = float(v.max())
+    out["mean"] = float(v.mean())
+    return out

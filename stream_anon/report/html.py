@@ -1,0 +1,290 @@
+"""``write_report(run_dir) -> Path``: a self-contained HTML page (PNG plots as base64 data URIs) for a run.
+
+Sections: summary, information loss vs k and delta (``grid.json``), release delay vs the bound, class sizes,
+generalization per attribute, epsilon vs error of the LDP mechanisms (``ldp_curves.json``), estimated vs
+true distributions on the side topics (``side_estimates.json``).  A section whose input is missing says
+so and how to produce it; it never fails the report.  The run-directory format: docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stream_anon.report import plots
+from stream_anon.report.analysis import class_sizes, generalization_levels, quantiles
+from stream_anon.report.rundir import (
+    GRID_FILE,
+    LDP_CURVES_FILE,
+    SIDE_ESTIMATES_FILE,
+    RunDir,
+    load_run_dir,
+)
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.html"
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 2em auto; max-width: 1250px;
+       color: #222; line-height: 1.45; padding: 0 1em; }
+h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
+h2 { margin-top: 2em; border-bottom: 1px solid #eee; }
+table { border-collapse: collapse; margin: .5em 0 1em; font-size: 90%; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f6f6f6; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #eee; }
+.missing { background: #fff7e0; border-left: 4px solid #f0b400; padding: .5em 1em; }
+.note { color: #666; font-size: 90%; }
+code { background: #f3f3f3; padding: 0 .25em; }
+"""
+
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    body: list[str] = field(default_factory=list)
+    images: list[tuple[str, bytes]] = field(default_factory=list)  # (alt text, PNG)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
+    return str(v)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, v in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(v, Mapping) and depth < 3:
+            out.extend(_flatten(v, name + ".", depth + 1))
+        elif isinstance(v, list) and len(v) > 12:
+            out.append((name, f"[{len(v)} values]"))
+        else:
+            out.append((name, v))
+    return out
+
+
+def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> str:
+    cells = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td class=\"{'num' if isinstance(v, int | float) else ''}\">"
+        f"{html.escape(_fmt(v))}</td></tr>" for k, v in rows)
+    head = f"<tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>" if any(header) else ""
+    return f"<table>{head}{cells}</table>"
+
+
+def _missing(text: str) -> str:
+    return f'<p class="missing">{text}</p>'
+
+
+def _guard(section: Section, what: str, fn: Callable[[], None]) -> None:
+    """Run one section's computation; a failure is reported in that section instead of failing the page."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (one bad input must not lose the rest of the report)
+        log.exception("report section %r failed", section.title)
+        section.body.append(_missing(f"Could not draw {html.escape(what)}: {html.escape(type(e).__name__)}: "
+                                     f"{html.escape(str(e))}"))
+
+
+def _summary_section(run: RunDir) -> Section:
+    s = Section("summary", "Summary")
+    s.body.append(f"<p>Run directory <code>{html.escape(str(run.path))}</code>; "
+                  f"{len(run.released):,} released records in {run.released['class_id'].nunique():,} classes "
+                  f"(<code>released.csv</code>).</p>")
+    s.body.append(_table(_flatten(run.summary), ("summary.json", "value")))
+    return s
+
+
+def _loss_section(run: RunDir) -> Section:
+    s = Section("loss", "Information loss vs k and delta")
+    if run.grid is None:
+        s.body.append(_missing(f"No <code>{GRID_FILE}</code> in the run directory: the experiment grid was not "
+                               f"run. <code>stream-anon report RUN_DIR --compute-extras</code> computes it on ADULT."))
+        return s
+
+    def draw() -> None:
+        assert run.grid is not None
+        s.body.append(f"<p>{len(run.grid)} grid points; k in {sorted(run.grid['k'].unique().tolist())}, "
+                      f"delta in {sorted(run.grid['delta'].unique().tolist())}. Loss of the released data: "
+                      "GT (Goldberger-Tassa), LM (loss metric, Iyengar), UBDSA (CAIL); lower is better. "
+                      "Points that differ only in beta/mu are averaged.</p>")
+        s.images.append(("information loss vs k and delta", plots.plot_loss_grid(run.grid)))
+    _guard(s, "the loss grid", draw)
+    return s
+
+
+def _delay_section(run: RunDir) -> Section:
+    s = Section("delay", "Release delay against the bound")
+    if run.delays_arrivals is None and run.delays_seconds is None:
+        s.body.append(_missing("No per-record delays: <code>released.csv</code> has no <code>delay</code> column "
+                               "and there is no <code>delays.json</code>."))
+        return s
+
+    def draw() -> None:
+        bound = run.delta
+        rows: list[tuple[str, Any]] = []
+        if run.delays_arrivals is not None:
+            q = quantiles(run.delays_arrivals)
+            rows += [(f"arrivals {k}", v) for k, v in q.items()]
+            if bound is not None and q:
+                over = int((run.delays_arrivals[np.isfinite(run.delays_arrivals)] > bound).sum())
+                rows.append(("records over the bound delta", over))
+        if run.delays_seconds is not None:
+            rows += [(f"seconds {k}", v) for k, v in quantiles(run.delays_seconds).items()]
+        rows.insert(0, ("bound delta (arrivals)", bound if bound is not None else "unknown"))
+        s.body.append(_table(rows))
+        s.images.append(("release delay distribution", plots.plot_delays(run.delays_arrivals, run.delays_seconds,
+                                                                         bound)))
+    _guard(s, "the delay distribution", draw)
+    return s
+
+
+def _class_section(run: RunDir) -> Section:
+    s = Section("classes", "Class sizes")
+    sizes = class_sizes(run.released)
+    if sizes.size == 0:
+        s.body.append(_missing("<code>released.csv</code> has no records."))
+        return s
+
+    def draw() -> None:
+        k = run.k
+        rows: list[tuple[str, Any]] = [("classes", int(sizes.size)), ("k", k if k is not None else "unknown"),
+                                       ("smallest class", int(sizes.min())), ("median class", float(np.median(sizes))),
+                                       ("largest class", int(sizes.max()))]
+        if k is not None:
+            rows.append(("classes smaller than k", int((sizes < k).sum())))
+        s.body.append(_table(rows))
+        s.body.append('<p class="note">Records per <code>class_id</code> of <code>released.csv</code> (records, not '
+                      "distinct individuals; ADULT has one record per individual).</p>")
+        s.images.append(("class size histogram", plots.plot_class_sizes(sizes, k)))
+    _guard(s, "the class sizes", draw)
+    return s
+
+
+def _generalization_section(run: RunDir) -> Section:
+    s = Section("generalization", "Generalization per attribute")
+    attrs = generalization_levels(run.released, run.schema)
+    if not attrs or len(run.released) == 0:
+        s.body.append(_missing(f"No quasi-identifier columns of schema {html.escape(run.schema.name)!r} in "
+                               "<code>released.csv</code>."))
+        return s
+
+    def draw() -> None:
+        rows = []
+        for a in attrs:
+            level = ""
+            if a.levels is not None and a.height is not None and (a.levels >= 0).any():
+                level = f"{a.levels[a.levels >= 0].mean():.2f} of {a.height}"
+            rows.append(f"<tr><th>{html.escape(a.name)}</th><td>{a.kind}</td><td class=\"num\">{a.mean_relative:.3f}"
+                        f"</td><td class=\"num\">{level}</td><td class=\"num\">{a.unparsed}</td></tr>")
+        s.body.append("<table><tr><th>attribute</th><th>type</th><th>mean relative generalization</th>"
+                      "<th>mean hierarchy level</th><th>uninterpretable values</th></tr>" + "".join(rows) + "</table>")
+        s.body.append('<p class="note">Relative generalization: numeric <code>[a-b]</code> is (b - a)/(hi - lo) of '
+                      "the public domain; categorical node n is (leaves(n) - 1)/(M - 1) of its hierarchy (the "
+                      "per-attribute terms of the GT/LM loss). Level 0 is the original value, the hierarchy "
+                      "height is <code>*</code>.</p>")
+        s.images.append(("generalization per attribute", plots.plot_generalization(attrs)))
+    _guard(s, "the generalization levels", draw)
+    return s
+
+
+def _ldp_section(run: RunDir) -> Section:
+    s = Section("ldp", "Epsilon vs error of the LDP mechanisms")
+    if not run.ldp_curves:
+        s.body.append(_missing(f"No <code>{LDP_CURVES_FILE}</code> in the run directory. "
+                               "<code>stream-anon report RUN_DIR --compute-extras</code> measures it on ADULT."))
+        return s
+
+    def draw() -> None:
+        assert run.ldp_curves is not None
+        names = ", ".join(sorted({c.mechanism for c in run.ldp_curves}))
+        s.body.append(f"<p>Mechanisms: {html.escape(names)}. Shaded: plus/minus one standard deviation over "
+                      "repetitions.</p>")
+        s.images.append(("epsilon vs error", plots.plot_ldp_curves(run.ldp_curves)))
+    _guard(s, "the LDP curves", draw)
+    return s
+
+
+def _side_section(run: RunDir) -> Section:
+    s = Section("side", "Estimated vs true distributions on the side topics")
+    if not run.side_estimates:
+        s.body.append(_missing(f"No <code>{SIDE_ESTIMATES_FILE}</code> in the run directory (the run had no side "
+                               "paths, or did not save their final estimates)."))
+        return s
+
+    def draw() -> None:
+        assert run.side_estimates is not None
+        rows = []
+        for e in run.side_estimates:
+            if e.true is not None:
+                mae = float(np.abs(e.estimated - e.true).mean())
+                rows.append((f"{e.topic} {e.attribute} ({e.kind})", mae))
+        if rows:
+            s.body.append(_table(rows, ("estimate", "mean absolute error")))
+        s.images.append(("estimated vs true distributions", plots.plot_side_estimates(run.side_estimates)))
+    _guard(s, "the side-topic estimates", draw)
+    return s
+
+
+def render_html(run: RunDir) -> str:
+    sections = [f(run) for f in (_summary_section, _loss_section, _delay_section, _class_section,
+                                 _generalization_section, _ldp_section, _side_section)]
+    toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>stream-anon report: {html.escape(run.path.name)}</title>", f"<style>{CSS}</style></head><body>",
+             f"<h1>stream-anon report: {html.escape(run.path.name)}</h1>",
+             f'<p class="note">Generated {dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")} by '
+             "<code>stream-anon report</code>.</p>", f"<ul>{toc}</ul>"]
+    for s in sections:
+        parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
+        parts.extend(s.body)
+        for alt, png in s.images:
+            data = base64.b64encode(png).decode("ascii")
+            parts.append(f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>')
+    if run.notes:
+        parts.append('<p class="note">' + html.escape("; ".join(run.notes)) + "</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def report_images(run: RunDir) -> dict[str, bytes]:
+    """Every PNG the report embeds, by section anchor (``delay``, ``delay-2``, ...)."""
+    out: dict[str, bytes] = {}
+    for f in (_loss_section, _delay_section, _class_section, _generalization_section, _ldp_section, _side_section):
+        s = f(run)
+        for i, (_, png) in enumerate(s.images):
+            out[s.anchor if i == 0 else f"{s.anchor}-{i + 1}"] = png
+    return out
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None, *, png_dir: str | Path | None = None) -> Path:
+    """Write the HTML report of ``run_dir`` (default ``RUN_DIR/report.html``) and return its path.
+
+    ``png_dir``: also save each plot there as ``<section>.png`` (e.g. for documentation).
+    """
+    run = load_run_dir(run_dir)
+    out = Path(output) if output is not None else run.path / REPORT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(run), encoding="utf-8")
+    if png_dir is not None:
+        d = Path(png_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for name, png in report_images(run).items():
+            (d / f"{name}.png").write_bytes(png)
+    return out

@@ -1,0 +1,421 @@
+"""``stream-anon run``: the main path's consume -> anonymize -> produce -> commit loop.
+
+Loop: ``poll`` a batch; for each partition, build its pipeline on first sight (recovery read-back, see
+:mod:`stream_anon.service.pipeline`), push the batch, send the outputs; every
+``service.commit_interval_ms``: ``flush`` the producer (every output acknowledged, ``acks=all``), then
+commit each partition's watermark (lowest offset still buffered).  On revoke: flush, ``commit_async``
+the watermarks of the revoked partitions, drop their state (the new owner rebuilds it from the watermark).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import (
+    BrokerUnavailableError,
+    OutputReader,
+    ReliableProducer,
+    connect_admin,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    retry,
+)
+from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.service.pipeline import (
+    BatchStats,
+    EngineLike,
+    InputMessage,
+    PartitionPipeline,
+    PipelineSettings,
+    ReadBackScan,
+)
+
+log = logging.getLogger(__name__)
+
+
+def load_schema(cfg: Config) -> Schema:
+    """The schema of ``anonymization.schema`` (default ADULT) with the configured QI/sensitive roles."""
+    a = cfg.anonymization
+    schema = Schema.load(a.schema) if a.schema else adult_schema()
+    if a.qi is not None or a.sensitive is not None:
+        schema = schema.with_roles(qis=a.qi, sensitive=a.sensitive)
+    return schema
+
+
+def make_engine_factory(cfg: Config, schema: Schema) -> Callable[[int], EngineLike]:
+    """partition -> a fresh ``Engine`` with the configured parameters (seed + partition when seeded)."""
+    from stream_anon.core.engine import Engine, EngineConfig
+
+    a = cfg.anonymization
+    kwargs: dict[str, Any] = dict(k=a.k, delta=a.delta, beta=a.beta, mu=a.mu, algorithm=a.algorithm, loss=a.loss,
+                                  leftover=a.leftover, delta_leftover=a.delta_leftover, l=a.l, max_age=a.max_age,
+                                  max_delay_seconds=a.max_delay_seconds, adaptive_delay=a.adaptive_delay,
+                                  delta_min=a.delta_min)
+    if a.zeta is not None:
+        kwargs["zeta"] = a.zeta
+    EngineConfig(**kwargs, seed=0)  # validate once, at start (clear error naming the parameter)
+
+    def factory(partition: int) -> EngineLike:
+        seed = None if a.seed is None else a.seed + partition
+        return Engine(schema, EngineConfig(**kwargs, seed=seed))
+
+    return factory
+
+
+def pipeline_settings(cfg: Config) -> PipelineSettings:
+    t, a, s = cfg.topics, cfg.anonymization, cfg.service
+    return PipelineSettings(input_topic=t.input, anon_topic=t.anon, suppressed_topic=t.suppressed, dlq_topic=t.dlq,
+                            k=a.k, delta=a.delta, l=a.l, max_message_bytes=s.max_message_bytes,
+                            dlq_max_bytes=s.dlq_max_bytes)
+
+
+@dataclass
+class MainPathTotals:
+    """Running totals of this process (the demo and tests read them; metrics carry the same numbers)."""
+
+    consumed: int = 0
+    released: int = 0
+    suppressed: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    classes: int = 0
+    loss_sum: float = 0.0  # sum over released records of their class loss
+    recoveries: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gt_loss(self) -> float:
+        """Goldberger-Tassa loss of what this process released: (sum |C| loss(C) + #suppressed) / N."""
+        n = self.released + self.suppressed
+        return (self.loss_sum + self.suppressed) / n if n else 0.0
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, main: MainPath) -> None:
+        self.main = main
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.main.on_revoked([tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input])
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+
+
+class MainPath:
+    """The main path of one service member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
+
+    def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
+                 engine_factory: Callable[[int], EngineLike] | None = None,
+                 stop_event: threading.Event | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics if metrics is not None else ServiceMetrics(CollectorRegistry())
+        self.schema = schema if schema is not None else load_schema(cfg)
+        self.engine_factory = engine_factory or make_engine_factory(cfg, self.schema)
+        self.settings = pipeline_settings(cfg)
+        self.stop_event = stop_event or threading.Event()
+        self.ready = threading.Event()
+        self.states: dict[int, PartitionPipeline] = {}
+        self.totals = MainPathTotals()
+        self.highwater: dict[int, int] = {}
+        self.committed: dict[int, int] = {}
+        self._last_input: dict[int, float] = {}
+        self._producer: ReliableProducer | None = None
+        self._consumer: Any = None
+        self._reader: OutputReader | None = None
+        m = self.metrics
+        m.k_parameter.set(cfg.anonymization.k)
+        m.delay_bound_arrivals.set(cfg.anonymization.delta)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        cfg = self.cfg
+        stop = self.stop_event.is_set
+        try:
+            admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
+            counts = retry("create topics", lambda: ensure_topics(admin, cfg), cfg, stop=stop)
+            admin.close()
+            producer = retry("producer", lambda: make_producer(cfg), cfg, stop=stop)
+            self._producer = ReliableProducer(producer, dict(counts), cfg,
+                                              on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc(),
+                                              stop=stop)
+            self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
+            self._reader = retry("read-back consumer", lambda: OutputReader(cfg), cfg, stop=stop)
+        except BrokerUnavailableError as e:
+            log.error("%s", e)
+            return 3
+        self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
+        log.info("main path: consuming %s as group %r (k=%d, delta=%d, beta=%d) -> %s, %s, %s",
+                 cfg.topics.input, cfg.kafka.group_id, cfg.anonymization.k, cfg.anonymization.delta,
+                 cfg.anonymization.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq)
+        self.ready.set()
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        consumer = self._consumer
+        assert self._producer is not None
+        commit_every = cfg.service.commit_interval_ms / 1000.0
+        last_commit = time.monotonic()
+        max_records = cfg.kafka.max_poll_records
+        while not self.stop_event.is_set():
+            batch = consumer.poll(timeout_ms=cfg.service.poll_timeout_ms, max_records=max_records)
+            now = time.time()
+            for tp, recs in batch.items():
+                if not recs:
+                    continue
+                self._process(tp.partition, recs, now)
+            if cfg.anonymization.max_delay_seconds is not None:
+                self._expire(now)
+            if cfg.service.idle_flush_seconds > 0:
+                self._idle_flush(now)
+            if time.monotonic() - last_commit >= commit_every:
+                self._commit()
+                self._update_position_metrics()
+                last_commit = time.monotonic()
+
+    def _process(self, partition: int, recs: list[Any], now: float) -> None:
+        state = self.states.get(partition)
+        if state is None:
+            state = self._recover(partition, recs[0].offset)
+        msgs = [InputMessage(r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs]
+        t0 = time.perf_counter()
+        result = state.process(msgs, now)
+        elapsed = time.perf_counter() - t0
+        assert self._producer is not None
+        self._producer.send(result.outputs)
+        self._last_input[partition] = now
+        self._account(partition, result.stats, elapsed, len(msgs))
+
+    def _expire(self, now: float) -> None:
+        assert self._producer is not None
+        for p, state in self.states.items():
+            result = state.expire(now)
+            if result.outputs:
+                self._producer.send(result.outputs)
+                self._account(p, result.stats, 0.0, 0)
+
+    def _idle_flush(self, now: float) -> None:
+        assert self._producer is not None
+        for p, state in self.states.items():
+            if state.buffered and now - self._last_input.get(p, now) >= self.cfg.service.idle_flush_seconds:
+                log.info("partition %d idle for %.1f s: flushing %d buffered records", p,
+                         self.cfg.service.idle_flush_seconds, state.buffered)
+                result = state.flush(now)
+                self._producer.send(result.outputs)
+                self._account(p, result.stats, 0.0, 0)
+
+    def _recover(self, partition: int, first_offset: int) -> PartitionPipeline:
+        """Build partition state starting at ``first_offset``: read back the outputs for already released records."""
+        assert self._reader is not None and self._producer is not None
+        t0 = time.monotonic()
+        released: set[int] = set()
+        horizon = -1
+        read = 0
+        for topic in (self.cfg.topics.anon, self.cfg.topics.suppressed, self.cfg.topics.dlq):
+            scan = ReadBackScan(self.cfg.topics.input, partition, first_offset)
+            out_part = self._producer.partition_of_topic(topic, partition)
+            retry(f"read-back {topic}", lambda t=topic, s=scan, op=out_part: self._reader.scan(  # type: ignore[union-attr]
+                t, op, s, self.cfg.service.readback_chunk), self.cfg)
+            released |= scan.released
+            horizon = max(horizon, scan.horizon)
+            read += scan.messages_read
+        state = PartitionPipeline(partition, self.schema, self.engine_factory(partition), self.settings,
+                                  incarnation=secrets.token_hex(3), start_offset=first_offset,
+                                  already_released=released, horizon=horizon)
+        self.states[partition] = state
+        self.totals.recoveries += 1
+        log.info("partition %d: starting at offset %d; read back %d output messages in %.2f s: %d records at or "
+                 "after it already released (will be skipped), horizon %d", partition, first_offset, read,
+                 time.monotonic() - t0, len(released), horizon)
+        return state
+
+    # ------------------------------------------------------------------ accounting
+    def _account(self, partition: int, s: BatchStats, elapsed: float, n_msgs: int) -> None:
+        m, t, topic = self.metrics, self.totals, self.cfg.topics.input
+        t.consumed += s.consumed
+        t.released += s.released
+        t.suppressed += s.suppressed
+        t.skipped += s.skipped
+        t.classes += len(s.class_sizes)
+        t.loss_sum += s.released_loss_sum
+        if s.consumed:
+            m.records_consumed.labels(topic=topic).inc(s.consumed)
+        if s.released:
+            m.records_released.labels(topic=self.cfg.topics.anon).inc(s.released)
+        if s.suppressed:
+            m.records_suppressed.labels(reason="delay_bound").inc(s.suppressed)
+        if s.skipped:
+            m.records_duplicate_skipped.labels(topic=topic).inc(s.skipped)
+        for reason, n in s.dead_letters.items():
+            t.dead_lettered += n
+            t.dead_letter_reasons[reason] = t.dead_letter_reasons.get(reason, 0) + n
+            m.records_dead_lettered.labels(reason=reason).inc(n)
+            log.warning("partition %d: %d message(s) dead-lettered (%s)", partition, n, reason)
+        for d in s.delays:
+            m.release_delay_arrivals.observe(d)
+        for d in s.ingest_latency_seconds:
+            m.release_delay_seconds.observe(d)
+        for loss in s.class_losses:
+            m.class_information_loss.observe(loss)
+        for size in s.class_sizes:
+            m.class_size.observe(size)
+        if s.released or s.suppressed:
+            m.gt_loss.set(t.gt_loss)
+        if n_msgs:
+            m.processing_seconds.observe(elapsed / n_msgs)
+        state = self.states.get(partition)
+        if state is not None:
+            m.buffered_records.labels(partition=str(partition)).set(state.buffered)
+            m.open_clusters.labels(partition=str(partition)).set(getattr(state.engine, "open_clusters", 0))
+
+    def _update_position_metrics(self) -> None:
+        consumer, topic = self._consumer, self.cfg.topics.input
+        for p, state in self.states.items():
+            hw = consumer.highwater(TopicPartition(topic, p))
+            if hw is not None:
+                self.highwater[p] = int(hw)
+                self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - state.next_offset))
+
+    # ------------------------------------------------------------------ commits
+    def _watermarks(self, partitions: list[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+        topic = self.cfg.topics.input
+        out = {}
+        for p in partitions if partitions is not None else list(self.states):
+            state = self.states.get(p)
+            if state is None:
+                continue
+            w = state.watermark
+            if self.committed.get(p) != w:
+                out[TopicPartition(topic, p)] = OffsetAndMetadata(w, None, -1)
+        return out
+
+    def _commit(self, *, sync: bool = False) -> None:
+        """Flush (every output acknowledged), then commit each partition's watermark."""
+        assert self._producer is not None
+        self._producer.flush()
+        offsets = self._watermarks()
+        if not offsets:
+            return
+        try:
+            if sync:
+                self._consumer.commit(offsets)
+            else:
+                self._consumer.commit_async(offsets, callback=self._commit_done)
+        except Exception as e:  # e.g. CommitFailedError after a rebalance: the new owner re-reads from its watermark
+            log.warning("commit of %s failed: %r", {tp.partition: o.offset for tp, o in offsets.items()}, e)
+            return
+        for tp, om in offsets.items():
+            self.committed[tp.partition] = om.offset
+            self.metrics.commit_watermark.labels(topic=tp.topic, partition=str(tp.partition)).set(om.offset)
+
+    def _commit_done(self, offsets: Any, response: Any) -> None:
+        if isinstance(response, Exception):
+            log.warning("asynchronous commit failed (%r); the next commit supersedes it", response)
+
+    def on_revoked(self, partitions: list[int]) -> None:
+        """Rebalance: commit what is safe for the revoked partitions (async: no blocking consumer call), drop them."""
+        owned = [p for p in partitions if p in self.states]
+        if not owned:
+            return
+        assert self._producer is not None
+        self._producer.flush()
+        offsets = self._watermarks(owned)
+        if offsets:
+            self._consumer.commit_async(offsets, callback=self._commit_done)
+        for p in owned:
+            state = self.states.pop(p)
+            self.committed.pop(p, None)
+            log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "
+                     "rebuilds them)", p, state.watermark, state.buffered)
+            self.metrics.buffered_records.labels(partition=str(p)).set(0)
+            self.metrics.open_clusters.labels(partition=str(p)).set(0)
+
+    def _shutdown(self) -> None:
+        try:
+            if self._consumer is not None and self._producer is not None:
+                self._commit(sync=True)
+        except Exception as e:
+            log.warning("final commit failed: %r (the next start re-reads from the last committed watermark)", e)
+        for closer in (self._consumer, self._reader):
+            try:
+                if closer is not None:
+                    closer.close()
+            except Exception:  # closing on shutdown: nothing left to do
+                pass
+        if self._producer is not None:
+            try:
+                self._producer.producer.close(timeout=10)
+            except Exception:
+                pass
+        log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d",
+                 self.totals.consumed, self.totals.released, self.totals.suppressed, self.totals.dead_lettered,
+                 self.totals.skipped)
+
+
+def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
+    if cfg.service.metrics_port:
+        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", cfg.service.metrics_addr, cfg.service.metrics_port)
+
+
+def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
+                registry: CollectorRegistry | None = None) -> int:
+    """``stream-anon run``: the main path (and, when enabled, the side paths in threads), with an embedded
+    broker when no ``kafka.bootstrap_servers`` is configured.  Returns the exit code."""
+    from stream_anon.service.broker import EmbeddedBroker
+
+    stop_event = stop_event or threading.Event()
+    registry = registry or CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    broker: EmbeddedBroker | None = None
+    if not cfg.kafka.bootstrap_servers:
+        broker = EmbeddedBroker().start()
+        cfg.kafka.bootstrap_servers = broker.bootstrap_servers
+        log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
+                 broker.bootstrap_servers)
+    try:
+        start_metrics(cfg, registry)
+        side = start_side_paths(cfg, metrics, stop_event)
+        rc = MainPath(cfg, metrics=metrics, stop_event=stop_event).run()
+        stop_event.set()
+        for th in side:
+            th.join(timeout=30)
+        return rc
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def start_side_paths(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> list[threading.Thread]:
+    """Start the LDP side paths (their own consumer group) in a daemon thread, if enabled and installed."""
+    if not (cfg.side_paths.enabled and cfg.service.side_paths_in_process):
+        return []
+    try:
+        from stream_anon.service import side_paths
+    except ImportError:
+        log.warning("side paths enabled but stream_anon.service.side_paths is not available; main path only")
+        return []
+    runner = getattr(side_paths, "run_side_paths", None)
+    if runner is None:
+        log.warning("stream_anon.service.side_paths has no run_side_paths(cfg, metrics, stop_event); main path only")
+        return []
+    th = threading.Thread(target=runner, args=(cfg, metrics, stop_event), name="side-paths", daemon=True)
+    th.start()
+    return [th]

@@ -1,0 +1,412 @@
+"""The side paths' Kafka loop: an independent consumer group on the input topic (a slow side path never
+delays the main path), the pure :class:`~stream_anon.service.side_paths.SidePathProcessor`, and metrics.
+
+Loop: ``poll`` a batch; decode and validate every message with the main path's
+:class:`~stream_anon.service.pipeline.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
+perturb it and publish the copies, the estimates and k-means releases it triggered (``acks=all``, flushed
+before the next poll).
+
+Why commit before publishing: a record consumed again after a crash would be randomized a second time with
+fresh noise, and two independent reports of the same value spend 2 eps, not the eps printed on them.
+Committing first means every record is randomized at most once per consumer group, so the eps on each
+message is the eps its record really spent.  The price: a crash between the commit and the producer's
+acknowledgement loses that batch's side copies (at most ``kafka.max_poll_records`` records; the main path,
+which has its own group, loses nothing).  If a commit fails (e.g. a rebalance moved the partition), the batch
+is not published: its new owner randomizes it.
+
+Bad input: the main path already dead-letters every bad input message, so the side path only counts and
+skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
+true`` (side paths running without a main path) dead-letters them too.  Control messages (header
+``stream-anon-control: flush``, end of stream) trigger a final round of estimates and release a partial
+k-means window (if at least ``kmeans.min_partial_window`` records).
+
+Estimates and the k-means window live in memory: after a restart they cover the records since the restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.pipeline import (
+    CONTROL_FLUSH,
+    CONTROL_HEADER,
+    H_ERROR,
+    H_FIELD,
+    H_KIND,
+    H_REASON,
+    H_SRC_OFFSET,
+    H_SRC_PARTITION,
+    H_SRC_TOPIC,
+    DeadLetter,
+    OutputMessage,
+    RecordDecoder,
+)
+from stream_anon.service.side_paths import (
+    Out,
+    SideEvent,
+    SidePathConfig,
+    SidePathProcessor,
+    SideTopics,
+    observe,
+    set_budget_gauges,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SideStatus:
+    """Running totals of the side paths in this process (the demo summary and tests read them)."""
+
+    consumed: int = 0  # input messages consumed by the side group
+    processed: int = 0  # valid records perturbed
+    control: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, commit failures)
+    published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
+    epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
+    epsilon_per_record: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
+    kmeans_windows: int = 0
+    kmeans_refused: int = 0
+    kmeans_stopped: bool = False
+    positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (committed)
+    group_id: str = ""
+    ready: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
+                "published": dict(self.published), "epsilon_spent": dict(self.epsilon_spent),
+                "epsilon_per_record": dict(self.epsilon_per_record), "estimates": dict(self.estimates),
+                "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
+                "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error}
+
+
+def side_group_id(cfg: Any, side: SidePathConfig) -> str:
+    """The side paths' consumer group: ``side_paths.group_id``, else ``<kafka.group_id>-ldp``."""
+    if side.group_id:
+        return side.group_id
+    base = getattr(getattr(cfg, "kafka", None), "group_id", None) or "stream-anon"
+    return f"{base}-ldp"
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+
+
+class SidePathApp:
+    """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
+
+    def __init__(self, cfg: Any, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
+                 *, schema: Schema | None = None, status: SideStatus | None = None, rng: Any = None) -> None:
+        self.cfg = cfg
+        self.side = SidePathConfig.coerce(cfg.side_paths)
+        self.metrics = metrics if metrics is not None else ServiceMetrics(CollectorRegistry())
+        self.stop_event = stop_event or threading.Event()
+        self.status = status or SideStatus()
+        if schema is None:
+            from stream_anon.service.app import load_schema
+
+            schema = load_schema(cfg) if hasattr(cfg, "anonymization") else adult_schema()
+        self.schema = schema
+        self.topics = SideTopics.from_any(cfg.topics)
+        self.input_topic: str = cfg.topics.input
+        self.group_id = side_group_id(cfg, self.side)
+        self.status.group_id = self.group_id
+        self.processor = SidePathProcessor(self.side, schema, topics=self.topics, rng=rng)
+        self.status.epsilon_per_record = dict(self.processor.epsilon_per_record)
+        max_bytes = getattr(getattr(cfg, "service", None), "max_message_bytes", 65536)
+        self.decoder = RecordDecoder(schema, max_bytes)
+        self._consumer: Any = None
+        self._producer: Any = None
+        m = self.metrics
+        self._consumed_metric = (getattr(m, "side_records_consumed", None)
+                                 or m.records_consumed)  # see docs/side-paths.md: label "<input>#ldp"
+        self._consumed_label = self.input_topic if hasattr(m, "side_records_consumed") else f"{self.input_topic}#ldp"
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        from stream_anon.service.kafka_io import (
+            BrokerUnavailableError,
+            ReliableProducer,
+            connect_admin,
+            make_consumer,
+            make_producer,
+            retry,
+        )
+
+        cfg = self.cfg
+        stop = self.stop_event.is_set
+        if not self.side.enabled:
+            log.info("side paths disabled (side_paths.enabled = false)")
+            self.status.finished.set()
+            return 0
+        try:
+            admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
+            retry("create side topics", lambda: self._ensure_side_topics(admin), cfg, stop=stop)
+            admin.close()
+            producer = retry("producer", lambda: make_producer(cfg), cfg, stop=stop)
+            # partition counts are looked up per topic (outputs: input partition mod topic partitions)
+            self._producer = ReliableProducer(producer, {}, cfg,
+                                              on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc(),
+                                              stop=stop)
+            self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
+        except BrokerUnavailableError as e:
+            log.error("side paths: %s", e)
+            self.status.error = str(e)
+            self.status.finished.set()
+            return 3
+        except Exception as e:  # never die silently in a thread
+            log.exception("side paths: start failed: %r", e)
+            self.status.error = repr(e)
+            self.status.finished.set()
+            return 1
+        self._consumer.subscribe([self.input_topic])
+        set_budget_gauges(self.metrics, self.processor)
+        log.info("side paths: consuming %s as group %r -> %s; eps per record %s (all side topics %g)",
+                 self.input_topic, self.group_id,
+                 ", ".join(t for t in (self.topics.krr, self.topics.rs, self.topics.blap, self.topics.estimates,
+                                       self.topics.kmeans)),
+                 {t: round(e, 6) for t, e in self.processor.epsilon_per_record.items()},
+                 self.processor.epsilon_all_topics)
+        self.status.ready.set()
+        rc = 0
+        try:
+            self._loop()
+        except BrokerUnavailableError as e:
+            log.error("side paths stopped: %s", e)
+            self.status.error = str(e)
+            rc = 3
+        except Exception as e:  # never die silently: log, record, and let the main path continue
+            log.exception("side paths failed: %r", e)
+            self.status.error = repr(e)
+            rc = 1
+        finally:
+            self._shutdown()
+        return rc
+
+    def _ensure_side_topics(self, admin: Any) -> None:
+        """Create the missing side topics (``topics.create``) with ``topics.partitions`` partitions."""
+        from kafka.admin import NewTopic
+        from kafka.errors import TopicAlreadyExistsError
+
+        t = getattr(self.cfg, "topics", None)
+        if t is not None and not getattr(t, "create", True):
+            return
+        wanted = [self.topics.krr, self.topics.rs, self.topics.blap, self.topics.estimates, self.topics.kmeans]
+        if self.side.dead_letter:
+            wanted.append(self.topics.dlq)
+        existing = set(admin.list_topics())
+        missing = [n for n in dict.fromkeys(wanted) if n not in existing]
+        if missing:
+            parts = int(getattr(t, "partitions", 1) or 1)
+            repl = int(getattr(t, "replication_factor", 1) or 1)
+            try:
+                admin.create_topics([NewTopic(n, parts, repl) for n in missing])
+            except TopicAlreadyExistsError:
+                pass
+            log.info("side paths: created topics %s", missing)
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        consumer = self._consumer
+        poll_ms = getattr(getattr(cfg, "service", None), "poll_timeout_ms", 200)
+        max_records = getattr(getattr(cfg, "kafka", None), "max_poll_records", 5000)
+        while not self.stop_event.is_set():
+            batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
+            if not batch:
+                self._publish(self.processor.poll(), 0)
+                continue
+            for tp, recs in batch.items():
+                if recs:
+                    self._process(tp, recs)
+
+    def _process(self, tp: TopicPartition, recs: Sequence[Any]) -> None:
+        status, proc = self.status, self.processor
+        n = len(recs)
+        status.consumed += n
+        self._consumed_metric.labels(topic=self._consumed_label).inc(n)
+        # decode everything first, then commit (at most one randomization per record), then perturb + publish
+        segments: list[tuple[list[dict[str, Any]], bool]] = [([], False)]
+        dlq: list[OutputMessage] = []
+        for r in recs:
+            if r.headers and any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in r.headers):
+                status.control += 1
+                segments[-1] = (segments[-1][0], True)
+                segments.append(([], False))
+                continue
+            rec = self.decoder.decode(r.value)
+            if isinstance(rec, DeadLetter):
+                self._skip(rec.reason)
+                if self.side.dead_letter:
+                    dlq.append(self._dead_letter(tp.partition, r, rec))
+                continue
+            segments[-1][0].append(rec)
+        next_offset = int(recs[-1].offset) + 1
+        try:
+            self._consumer.commit({tp: OffsetAndMetadata(next_offset, None, -1)})
+        except KafkaError as e:
+            valid = sum(len(s[0]) for s in segments)
+            log.warning("side paths: commit of %s@%d failed (%r); NOT publishing the batch's %d perturbed copies "
+                        "(the partition's next owner randomizes them, so no record is randomized twice)",
+                        tp, next_offset, e, valid)
+            self._skip("commit_failed", valid)
+            return
+        status.positions[tp.partition] = next_offset
+        outputs: list[Out] = []
+        for records, flush_after in segments:
+            if records:
+                outputs.extend(proc.process_batch(records))
+                status.processed += len(records)
+            if flush_after:
+                outputs.extend(proc.flush())
+        if not any(flush for _, flush in segments):
+            outputs.extend(proc.poll())
+        if dlq:
+            assert self._producer is not None
+            self._producer.send(dlq)
+            self.metrics_dead_lettered(dlq)
+        self._publish(outputs, tp.partition)
+
+    def metrics_dead_lettered(self, dlq: Sequence[OutputMessage]) -> None:
+        for m in dlq:
+            reason = dict(m.headers).get(H_REASON, b"unknown").decode()
+            self.metrics.records_dead_lettered.labels(reason=reason).inc()
+
+    def _skip(self, reason: str, count: int = 1) -> None:
+        self.status.skipped[reason] = self.status.skipped.get(reason, 0) + count
+        skipped = getattr(self.metrics, "side_records_skipped", None)
+        if skipped is not None:
+            skipped.labels(topic=self.input_topic, reason=reason).inc(count)
+
+    def _dead_letter(self, partition: int, r: Any, dl: DeadLetter) -> OutputMessage:
+        headers: list[tuple[str, bytes]] = [(H_SRC_TOPIC, self.input_topic.encode()),
+                                            (H_SRC_PARTITION, str(partition).encode()),
+                                            (H_SRC_OFFSET, str(r.offset).encode()), (H_KIND, b"dlq"),
+                                            (H_REASON, dl.reason.encode()), (H_ERROR, dl.error.encode()[:2000])]
+        if dl.field is not None:
+            headers.append((H_FIELD, str(dl.field).encode()))
+        return OutputMessage("dlq", self.topics.dlq, partition, r.key, r.value or b"", tuple(headers))
+
+    def _publish(self, outputs: list[Out], partition: int) -> None:
+        status, proc = self.status, self.processor
+        events = proc.drain_events()
+        if outputs:
+            assert self._producer is not None
+            msgs = [OutputMessage(_kind(topic, self.topics), topic, partition, key.encode(), encode(_clean(msg)),
+                                  ((H_KIND, _kind(topic, self.topics).encode()),))
+                    for topic, key, msg in outputs]
+            self._producer.send(msgs)
+            self._producer.flush()  # every message acknowledged (acks=all) before metrics count it
+            per_topic = observe(self.metrics, outputs, proc)
+            for topic, c in per_topic.items():
+                status.published[topic] = status.published.get(topic, 0) + c
+            for topic, _key, msg in outputs:
+                if topic == self.topics.estimates:
+                    status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
+                elif topic == self.topics.kmeans:
+                    status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
+                else:
+                    status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon_total"])
+        elif self._producer is not None and self._producer.pending:
+            self._producer.flush()
+        for ev in events:
+            self._on_event(ev)
+        status.kmeans_windows = proc.kmeans_windows
+        status.kmeans_refused = proc.kmeans_refused
+        status.kmeans_stopped = proc.kmeans_stopped
+        if events:
+            set_budget_gauges(self.metrics, proc)
+
+    def _on_event(self, ev: SideEvent) -> None:
+        refused = getattr(self.metrics, "side_outputs_refused", None)
+        if ev.kind in ("budget_exhausted", "kmeans_skipped"):
+            # the processor already logged the exhaustion at ERROR; later refused windows once per window
+            if ev.kind == "kmeans_skipped":
+                log.error("%s", ev.detail)
+            if refused is not None:
+                refused.labels(topic=ev.topic, reason="budget_exhausted").inc()
+            self.metrics.epsilon_budget_remaining.labels(topic=ev.topic).set(self.processor.kmeans_budget()[1])
+
+    def _shutdown(self) -> None:
+        try:
+            if self._producer is not None and self._consumer is not None and self.status.ready.is_set():
+                self._publish(self.processor.flush(partial_kmeans=False), 0)  # final estimates, no budget spent
+        except Exception as e:  # broker gone at shutdown: the estimates are recomputed next time
+            log.warning("side paths: final estimates not published: %r", e)
+        for client in (self._consumer, getattr(self._producer, "producer", None)):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception as e:  # closing a client of a dead broker
+                    log.debug("close failed: %r", e)
+        self.status.finished.set()
+        log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
+
+
+def _kind(topic: str, topics: SideTopics) -> str:
+    for name in ("krr", "rs", "blap", "estimates", "kmeans"):
+        if getattr(topics, name) == topic:
+            return name
+    return "side"
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: non-finite floats become null (strict JSON has no NaN/Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"source_topic": msg["source_topic"], "type": msg["type"], "n": msg["n"],
+                           "epsilon": msg["epsilon"], "standard_error": msg.get("standard_error"),
+                           "round": msg["round"]}
+    if msg["type"] == "mean":
+        out["mean"] = msg["mean"]
+    truth = msg.get("truth")
+    if truth is not None:
+        out["abs_error"] = truth.get("abs_error")
+    return out
+
+
+def run_side_paths(cfg: Any, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
+                   *, schema: Schema | None = None, status: SideStatus | None = None, rng: Any = None) -> int:
+    """Run the side paths until ``stop_event`` is set (call it in a thread: ``threading.Thread(target=
+    run_side_paths, args=(cfg, metrics, stop_event))``).  ``cfg`` is the service ``Config`` (sections
+    ``kafka``, ``topics``, ``service``, ``anonymization`` and ``side_paths``: a :class:`SidePathConfig` or any
+    dataclass/mapping with its fields).  Pass a :class:`SideStatus` to follow progress (``ready``,
+    ``finished``, ``processed``, ``published``, ``estimates``).  Returns 0, or 3 when the broker is unreachable,
+    1 on an unexpected error (logged; the main path is not affected).
+    """
+    t0 = time.monotonic()
+    try:
+        app = SidePathApp(cfg, metrics, stop_event, schema=schema, status=status, rng=rng)
+    except (ValueError, KeyError) as e:  # SidePathConfigError, PrivacyParameterError, SchemaError
+        log.error("side paths not started: %s", e)
+        if status is not None:
+            status.error = str(e)
+            status.finished.set()
+        return 2
+    rc = app.run()
+    log.debug("side paths ran %.1f s", time.monotonic() - t0)
+    return rc

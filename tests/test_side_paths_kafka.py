@@ -1,0 +1,203 @@
+"""Side paths through the real Tansu broker: produce ADULT records, run the side app (its own consumer group),
+read every side topic back and check copies, eps and estimates."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.datasets import iter_records, read_adult
+from stream_anon.service.config import Config
+from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.service.side_app import SideStatus, run_side_paths
+from stream_anon.service.side_paths import KMeansConfig, SidePathConfig
+
+pytestmark = pytest.mark.integration
+
+N_RECORDS = 3000
+
+
+def _config(bootstrap: str, tag: str, side: SidePathConfig) -> Config:
+    cfg = Config()
+    cfg.kafka.bootstrap_servers = bootstrap
+    cfg.kafka.group_id = f"g-{tag}"
+    cfg.kafka.session_timeout_ms = 6000
+    cfg.kafka.heartbeat_interval_ms = 1000
+    t = cfg.topics
+    for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
+        setattr(t, name, f"{tag}.{name}")
+    cfg.side_paths = side  # type: ignore[assignment]
+    return cfg
+
+
+def _read_all(bootstrap: str, topic: str, timeout_s: float = 30.0, expect: int | None = None) -> list[Any]:
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    parts = c.partitions_for_topic(topic) or {0}
+    tps = [TopicPartition(topic, p) for p in parts]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    idle = 0
+    while time.monotonic() < deadline:
+        got = c.poll(timeout_ms=500)
+        n = sum(len(v) for v in got.values())
+        for recs in got.values():
+            out.extend(recs)
+        if expect is not None and len(out) >= expect:
+            break
+        idle = idle + 1 if n == 0 else 0
+        if expect is None and idle >= 4 and out:
+            break
+    c.close()
+    return out
+
+
+@pytest.fixture
+def adult_records(adult_path: Path) -> list[dict[str, Any]]:
+    return list(iter_records(read_adult(adult_path)))[:N_RECORDS]
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes | None],
+             headers: list[list[tuple[str, bytes]]] | None = None) -> None:
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        p.send(topic, key=k, value=v, headers=headers[i] if headers else None)
+    p.flush()
+    p.close()
+
+
+@pytest.fixture
+def running_side(broker: Any) -> Iterator[Any]:
+    threads: list[tuple[threading.Thread, threading.Event]] = []
+
+    def start(cfg: Config, metrics: ServiceMetrics, status: SideStatus) -> threading.Thread:
+        stop = threading.Event()
+        th = threading.Thread(target=run_side_paths, args=(cfg, metrics, stop), kwargs={"status": status, "rng": 7},
+                              daemon=True)
+        th.start()
+        threads.append((th, stop))
+        return th
+
+    yield start
+    for th, stop in threads:
+        stop.set()
+        th.join(timeout=30)
+
+
+def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_records: list[dict[str, Any]],
+                                                          running_side: Any) -> None:
+    tag = "sp" + uuid.uuid4().hex[:6]
+    side = SidePathConfig(estimates_every=1000, estimates_every_seconds=None, truth=True,
+                          kmeans=KMeansConfig(window=1000))
+    cfg = _config(broker.bootstrap_servers, tag, side)
+    bad = [b"{not json", json.dumps({"id": "bad-1", "age": 300}).encode()]
+    values = [json.dumps(r).encode() for r in adult_records[:1500]] + bad + \
+             [json.dumps(r).encode() for r in adult_records[1500:]]
+    keys: list[bytes | None] = [r["id"].encode() for r in adult_records[:1500]] + [None, None] + \
+        [r["id"].encode() for r in adult_records[1500:]]
+    flush_msg = [(CONTROL_HEADER, CONTROL_FLUSH)]
+    headers: list[list[tuple[str, bytes]]] = [[] for _ in values] + [flush_msg]
+    values.append(b"")
+    keys.append(None)
+    metrics = ServiceMetrics(CollectorRegistry())
+    status = SideStatus()
+    t0 = time.perf_counter()
+    _produce(broker.bootstrap_servers, cfg.topics.input, values, keys, headers)
+    running_side(cfg, metrics, status)
+    deadline = time.monotonic() + 90
+    while status.processed < N_RECORDS or status.control < 1:
+        assert status.error is None, status.error
+        assert time.monotonic() < deadline, f"side paths processed only {status.processed} of {N_RECORDS}"
+        time.sleep(0.1)
+    elapsed = time.perf_counter() - t0
+    print(f"\nside app end to end: {N_RECORDS} records (+2 bad, 1 control) in {elapsed:.2f} s "
+          f"(incl. group join) = {N_RECORDS / elapsed:,.0f} records/s; published {status.published}")
+    assert status.skipped == {"malformed_json": 1, "out_of_domain": 1} or sum(status.skipped.values()) == 2
+    ids = {r["id"] for r in adult_records}
+    eps_expected = {cfg.topics.krr: 5.0, cfg.topics.rs: 2.0, cfg.topics.blap: 4.0}
+    for topic, eps_total in eps_expected.items():
+        msgs = _read_all(broker.bootstrap_servers, topic, expect=N_RECORDS)
+        bodies = [json.loads(m.value) for m in msgs]
+        assert {b["id"] for b in bodies} == ids, topic
+        assert len(bodies) == N_RECORDS, topic  # exactly one copy per record
+        for m, b in zip(msgs, bodies, strict=True):
+            assert m.key.decode() == b["id"]
+            assert b["epsilon_total"] == pytest.approx(eps_total)
+            assert sum(b["epsilon"].values()) == pytest.approx(eps_total)
+            assert set(b["epsilon"]) == set(b["values"])
+            assert b["epsilon_all_side_topics"] == pytest.approx(11.0)
+        # metrics: eps spent = copies x eps per record
+        assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": topic}) == \
+            pytest.approx(N_RECORDS * eps_total)
+        assert metrics.registry.get_sample_value("stream_anon_side_records_published_total",
+                                                 {"topic": topic}) == N_RECORDS
+    est = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.estimates)]
+    # 3 rounds at 1000/2000/3000 records (the flush adds none: no new records since) x 12 attributes
+    final = [e for e in est if e["records_seen"] == N_RECORDS]
+    attrs = {e["attribute"] for e in final}
+    assert attrs == {"sex", "race", "marital-status", "relationship", "workclass", "education", "occupation",
+                     "income", "age", "hours-per-week", "education-num"}
+    for e in final:
+        assert e["standard_error"] is not None and e["standard_error"] > 0
+        assert e["additional_epsilon"] == 0.0
+        if e["type"] == "frequency":
+            assert len(e["std_errors"]) == len(e["categories"]) == len(e["counts"])
+            assert e["truth"]["max_z"] < 4.5  # every category within ~4 SE (12 attributes, ~70 cells)
+        else:
+            assert e["truth"]["z"] < 4.0
+        se = metrics.registry.get_sample_value("stream_anon_estimate_standard_error",
+                                               {"topic": e["source_topic"], "attribute": e["attribute"]})
+        assert se == pytest.approx(e["standard_error"])
+        assert metrics.registry.get_sample_value("stream_anon_estimate_abs_error",
+                                                 {"topic": e["source_topic"], "attribute": e["attribute"]}) is not None
+    km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
+    assert [k["window"] for k in km] == [0, 1, 2]
+    for k in km:
+        assert k["epsilon"] == pytest.approx(1.0) and len(k["centroids"]) == 3
+        assert all(17 <= c[0] <= 90 and 1 <= c[1] <= 99 for c in k["centroids"])
+    assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": cfg.topics.kmeans}) == 3.0
+    assert metrics.registry.get_sample_value("stream_anon_records_consumed_total",
+                                             {"topic": f"{cfg.topics.input}#ldp"}) == N_RECORDS + 3
+
+
+def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: list[dict[str, Any]],
+                                                 running_side: Any, caplog: pytest.LogCaptureFixture) -> None:
+    tag = "sb" + uuid.uuid4().hex[:6]
+    side = SidePathConfig(estimates_every=0, estimates_every_seconds=None,
+                          kmeans=KMeansConfig(window=500, epsilon=1.0, total_epsilon=2.5))
+    cfg = _config(broker.bootstrap_servers, tag, side)
+    metrics = ServiceMetrics(CollectorRegistry())
+    status = SideStatus()
+    recs = adult_records[:2000]
+    _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
+             [r["id"].encode() for r in recs])
+    with caplog.at_level("ERROR"):
+        running_side(cfg, metrics, status)
+        deadline = time.monotonic() + 60
+        while status.processed < len(recs):
+            assert status.error is None, status.error
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
+    assert [k["window"] for k in km] == [0, 1]  # 2 x 1.0 of 2.5; windows 2 and 3 refused
+    assert km[-1]["budget"] == {"scope": "stream", "total": 2.5, "remaining": pytest.approx(0.5)}
+    assert status.kmeans_stopped and status.kmeans_refused == 2
+    assert any("STOPPED" in r.getMessage() for r in caplog.records)
+    assert metrics.registry.get_sample_value("stream_anon_epsilon_budget_remaining",
+                                             {"topic": cfg.topics.kmeans}) == pytest.approx(0.5)
+    assert metrics.registry.get_sample_value("stream_anon_epsilon_budget_total",
+                                             {"topic": cfg.topics.kmeans}) == pytest.approx(2.5)
+    # the per-record side topics are unaffected
+    assert status.published[cfg.topics.krr] == len(recs)
