@@ -111,9 +111,13 @@ def dashboard_exprs(d: dict[str, Any] | None = None) -> list[tuple[str, str]]:
 
 
 def series_names(family: str, mtype: str) -> set[str]:
-    """Sample names prometheus_client exposes for a metric family of a given type."""
+    """Sample names prometheus_client exposes for a metric family of a given type.
+
+    Counters: the registry names the family without ``_total``, the text format's ``# TYPE`` line with it.
+    """
     if mtype == "counter":
-        return {family + "_total", family + "_created"}
+        base = family[: -len("_total")] if family.endswith("_total") else family
+        return {base + "_total", base + "_created"}
     if mtype == "histogram":
         return {family + s for s in ("_bucket", "_sum", "_count", "_created")}
     if mtype == "summary":

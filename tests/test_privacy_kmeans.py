@@ -100,6 +100,7 @@ def test_determinism_given_seed() -> None:
         a = QuadTreeKMeans(n_clusters=4, epsilon=0.5, bounds=(0, 1), variant=variant, rng=9).fit(X).cluster_centers_
         b = QuadTreeKMeans(n_clusters=4, epsilon=0.5, bounds=(0, 1), variant=variant, rng=9).fit(X).cluster_centers_
         c = QuadTreeKMeans(n_clusters=4, epsilon=0.5, bounds=(0, 1), variant=variant, rng=10).fit(X).cluster_centers_
+        assert a is not None and b is not None and c is not None
         assert np.array_equal(a, b)
         assert not np.array_equal(a, c)
 
@@ -149,8 +150,8 @@ class _RecordingRng:
         self.laplace_calls.append((float(scale), int(np.prod(size))))
         return self.gen.laplace(loc, scale, size=size)
 
-    def random(self, *args: object, **kwargs: object) -> object:
-        return self.gen.random(*args, **kwargs)  # type: ignore[arg-type]
+    def random(self, size: tuple[int, ...] | int | None = None) -> object:
+        return self.gen.random(size)
 
 
 def test_tree_noise_scales_compose_to_epsilon() -> None:
@@ -168,3 +169,17 @@ def test_tree_noise_scales_compose_to_epsilon() -> None:
     spent_tree = sum(1.0 / s for s, _ in split_calls)
     assert spent_tree <= eps1 + 1e-12
     assert spent_tree + 1.0 / leaf_call[0] <= eps1 + eps2 + 1e-12
+
+
+def test_accountant_is_charged_and_stops_when_exhausted() -> None:
+    from stream_anon.privacy.budget import BudgetAccountant, BudgetExhaustedError
+
+    X = _blobs(2000, seed=12)
+    acc = BudgetAccountant(total_epsilon=1.0)
+    QuadTreeKMeans(n_clusters=3, epsilon=0.6, bounds=(0, 1), rng=0).fit(X, accountant=acc)
+    assert acc.spent == pytest.approx(0.6)
+    m = QuadTreeKMeans(n_clusters=3, epsilon=0.6, bounds=(0, 1), rng=0)
+    with pytest.raises(BudgetExhaustedError):
+        m.fit(X, accountant=acc)
+    assert m.cluster_centers_ is None and m.leaves_ is None
+    assert acc.spent == pytest.approx(0.6)

@@ -45,7 +45,8 @@ def test_pure_ldp_direct_encoding_same_estimates(eps: float, d: int) -> None:
     true = rng.integers(0, d, size=3000)
     ours = KRandomizedResponse(epsilon=eps, categories=list(range(d)), rng=4)
     reports = ours.randomise_codes(true)
-    # pure-ldp indexes values 1..d by default (0-based input would silently land in the last bucket)
+    # DEServer.aggregate takes the 0-based report index; estimate(v) maps v through index_mapper (default
+    # x - 1: values 1..d, so a 0-based value would silently read the last bucket)
     server = DEServer(epsilon=eps, d=d, index_mapper=lambda x: x - 1)
     for r in reports:
         server.aggregate(int(r))

@@ -93,3 +93,15 @@ def test_labels_roundtrip() -> None:
         rs.randomise("w")
     est = rs.estimate_counts(out)
     assert est.n == 4 and est.mechanism == "rs" and est.extra["se_bound"] > 0
+
+
+def test_empirical_privacy_ratio_is_gamma() -> None:
+    """P[M(a)=s] <= gamma P[M(b)=s] for every report s within binomial tolerance; tight at s = a."""
+    gamma, big_n, n = 6.0, 5, 300_000
+    rs = RandomSubstitution(categories=list(range(big_n)), gamma=gamma, rng=21)
+    pa = np.bincount(rs.randomise_codes(np.zeros(n, dtype=np.int64)), minlength=big_n) / n
+    pb = np.bincount(rs.randomise_codes(np.ones(n, dtype=np.int64)), minlength=big_n) / n
+    tol = 4 * np.sqrt(pa * (1 - pa) / n + gamma**2 * pb * (1 - pb) / n)
+    assert np.all(pa - gamma * pb <= tol)
+    assert abs(pa[0] - gamma * pb[0]) <= tol[0]
+    assert math.exp(rs.epsilon) == pytest.approx(gamma)

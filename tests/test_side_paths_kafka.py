@@ -201,3 +201,36 @@ def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: lis
                                              {"topic": cfg.topics.kmeans}) == pytest.approx(2.5)
     # the per-record side topics are unaffected
     assert status.published[cfg.topics.krr] == len(recs)
+
+
+@pytest.mark.slow
+def test_side_app_throughput_on_all_of_adult(broker: Any, adult_path: Path, running_side: Any) -> None:
+    """All 32,561 ADULT records through the side app (3 copies each + estimates + k-means): prints records/s
+    measured from the first consumed record to the last copy acknowledged, and the final estimate errors."""
+    recs = list(iter_records(read_adult(adult_path)))
+    tag = "st" + uuid.uuid4().hex[:6]
+    cfg = _config(broker.bootstrap_servers, tag, SidePathConfig(truth=True, estimates_every_seconds=None))
+    _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
+             [r["id"].encode() for r in recs], [[] for _ in recs[:-1]] + [[(CONTROL_HEADER, CONTROL_FLUSH)]])
+    metrics = ServiceMetrics(CollectorRegistry())
+    status = SideStatus()
+    running_side(cfg, metrics, status)
+    deadline = time.monotonic() + 120
+    while status.consumed == 0:
+        assert status.error is None and time.monotonic() < deadline, status.error
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    while status.published.get(cfg.topics.blap, 0) < len(recs) - 1 or status.control < 1 \
+            or status.published.get(cfg.topics.kmeans, 0) < 7:
+        assert status.error is None and time.monotonic() < deadline, (status.error, status.published)
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    n = len(recs) - 1  # the last record carries the control header (not a record)
+    rate = n / elapsed
+    print(f"\nside app, all of ADULT through Tansu: {n} records -> {3 * n} copies + "
+          f"{status.published.get(cfg.topics.estimates, 0)} estimates + {status.published[cfg.topics.kmeans]} "
+          f"k-means windows in {elapsed:.2f} s = {rate:,.0f} records/s ({3 * rate:,.0f} copies/s)")
+    for key, e in sorted(status.estimates.items()):
+        print(f"  {key:28s} n={e['n']} SE={e['standard_error']:.5f} abs error={e['abs_error']:.5f}")
+    assert rate > 2000
+    assert status.processed == n

@@ -304,8 +304,12 @@ class QuadTreeKMeans:
                 f"({int(outside.any(axis=1).sum())} point(s) outside; pass out_of_bounds='clip')")
         return np.clip((x - self.lower) / (self.upper - self.lower), 0.0, 1.0)
 
-    def fit(self, X: Any) -> QuadTreeKMeans:
-        """Build the noisy tree (spends eps) and cluster its synthetic weighted points."""
+    def fit(self, X: Any, *, accountant: Any = None) -> QuadTreeKMeans:
+        """Build the noisy tree (spends eps) and cluster its synthetic weighted points.
+
+        ``accountant``: optional object with ``spend(epsilon, label)`` (e.g. ``BudgetAccountant``), charged
+        eps before any noise is drawn; if it raises (budget exhausted) nothing is computed or released.
+        """
         u = self._unit(X)
         d = u.shape[1]
         if d > 16:
@@ -313,6 +317,9 @@ class QuadTreeKMeans:
         max_depth = self.max_depth if self.max_depth is not None else max(1, 12 // d)
         if d * max_depth > 62:
             raise PrivacyParameterError(f"max_depth: d * max_depth must be <= 62, got {d} * {max_depth}")
+        if accountant is not None:
+            accountant.spend(self.epsilon, f"dp-kmeans {self.variant} (tree {self.epsilon_tree:g} + "
+                                           f"leaf counts {self.epsilon_counts:g})")
         threshold = (self.threshold if self.threshold is not None
                      else 3.0 * math.sqrt(2.0) * max_depth / self.epsilon_tree)
         self.max_depth_, self.threshold_ = max_depth, float(threshold)

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from stream_anon.service.side_paths import SidePathConfig
+
 ENV_PREFIX = "STREAM_ANON_"
 
 
@@ -37,6 +39,7 @@ class KafkaSettings:
     bootstrap_servers: str | None = None  # None: start an embedded Tansu broker on a free loopback port
     client_id: str = "stream-anon"
     group_id: str = "stream-anon-main"
+    group_instance_id: str | None = None  # static group membership (a restarted member keeps its partitions)
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER | GSSAPI
     sasl_plain_username: str | None = None
@@ -124,59 +127,6 @@ class AnonymizationSettings:
 
 
 @dataclass
-class KRRSettings:
-    enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["workclass", "education", "marital-status", "race", "sex"])
-    epsilon: float = 1.0
-
-
-@dataclass
-class RSSettings:
-    """Random substitution / l-extended substitution (``l`` > 1)."""
-
-    enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["occupation", "relationship"])
-    epsilon: float = 1.0
-    l: int = 1  # noqa: E741
-    variant: str = "independent"  # independent | no-repeat (l-extended only)
-
-
-@dataclass
-class BLapSettings:
-    enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week", "education-num"])
-    epsilon: float = 1.0
-
-
-@dataclass
-class KMeansSettings:
-    enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "education-num", "hours-per-week"])
-    n_clusters: int = 4
-    epsilon: float = 1.0
-    window: int = 5000  # records per window
-    variant: str = "quad"  # quad | uniquad
-
-
-@dataclass
-class SidePathSettings:
-    """Local-differential-privacy side paths (read by ``stream_anon.service.side_paths``).
-
-    Each mechanism section names the attributes it perturbs and the epsilon each published value spends.
-    """
-
-    enabled: bool = True
-    group_id: str = "stream-anon-side"
-    krr: KRRSettings = field(default_factory=KRRSettings)
-    rs: RSSettings = field(default_factory=RSSettings)
-    blap: BLapSettings = field(default_factory=BLapSettings)
-    kmeans: KMeansSettings = field(default_factory=KMeansSettings)
-    estimates_every: int = 5000  # publish server-side estimates every N records
-    total_epsilon: float | None = None  # optional budget per record across mechanisms (None = no cap)
-    seed: int | None = None  # None = OS entropy
-
-
-@dataclass
 class ServiceSettings:
     """Behaviour of the service loop itself."""
 
@@ -196,7 +146,7 @@ class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     anonymization: AnonymizationSettings = field(default_factory=AnonymizationSettings)
-    side_paths: SidePathSettings = field(default_factory=SidePathSettings)
+    side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # owned by side_paths.py
     service: ServiceSettings = field(default_factory=ServiceSettings)
 
     # -------------------------------------------------------------- loading

@@ -114,7 +114,10 @@ def _partition_counts(admin: KafkaAdminClient, topics: Sequence[str]) -> dict[st
 
 def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
     k = cfg.kafka
-    return KafkaConsumer(
+    extra: dict[str, Any] = {}
+    if k.group_instance_id and group_id is not None:
+        extra["group_instance_id"] = k.group_instance_id
+    return KafkaConsumer(**extra,
         **client_options(cfg), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
         session_timeout_ms=k.session_timeout_ms,
         heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),

@@ -39,13 +39,9 @@ _LEFTOVER = -2
 class _Work:
     """Preallocated scratch arrays of the hot path (no allocation per record)."""
 
-    def __init__(self, cap: int, jn: int, jc: int):
-        self.nlo = np.empty((cap, jn))
-        self.nhi = np.empty((cap, jn))
-        self.dx = np.empty((cap, jn))
-        self.na = np.empty((cap, jc), dtype=np.int64)
-        self.nb = np.empty((cap, jc), dtype=np.int64)
-        self.idx = np.empty((cap, jc), dtype=np.int64)
+    def __init__(self, cap: int, width: int, jc: int):
+        self.union = np.empty((cap, width))
+        self.r = np.empty((cap, 1 + jc))
 
 
 class Engine:
@@ -87,18 +83,16 @@ class Engine:
         # ring of buffered records, indexed by arrival position % R
         extra = self.delta_leftover if self.leftover_policy else 0
         self.ring = config.delta + extra + 2
-        jn, jc = self.enc.jn, self.enc.jc
-        self.jn, self.jc, self.j = jn, jc, self.enc.j
-        self.F = np.zeros((self.ring, 2 * jn))
-        self.I = np.zeros((self.ring, 2 * jc), dtype=np.int64)
+        self.j = self.enc.j
+        self.V = np.zeros((self.ring, self.enc.width))  # layout vectors of buffered records (by ring slot)
         self.slot_cluster = np.full(self.ring, _FREE, dtype=np.int64)
         self.slot_pos = np.full(self.ring, -1, dtype=np.int64)
         self.slot_record: list[Mapping[str, Any] | None] = [None] * self.ring
         self.slot_time: list[float] = [0.0] * self.ring
         self.slot_pid: list[Any] = [None] * self.ring
         self.slot_sens: list[Any] = [None] * self.ring
-        self.gamma = ClusterStore(config.beta + 1, self.enc, weighted=config.loss != "lm")
-        self.omega = OmegaStore(config.zeta, jn, jc, config.max_age)
+        self.gamma = ClusterStore(config.beta + 1, self.enc.width, weighted=config.loss != "lm")
+        self.omega = OmegaStore(config.zeta, self.enc.width, config.max_age)
         self.p = -1  # position of the latest arrival
         self.next_expire = 0  # every position below this has been handled by the delay check
         self.n_buffered = 0
@@ -125,7 +119,10 @@ class Engine:
         self._age_weight = self.policy.age_weight
         self._beta = config.beta
         self._score_table = self.enc.score_table
-        self._work = _Work(self.gamma.capacity, jn, jc)
+        self._q = self.enc.q
+        self._ones_c = self.enc.ones_c
+        self._jc = self.enc.jc
+        self._work = _Work(self.gamma.capacity, self.enc.width, self.enc.jc)
 
     # ================================================================== public API
     @property
@@ -146,17 +143,15 @@ class Engine:
                 out.append(rec[self.record_id] if rec is not None else None)
         return out
 
-    def encode_many(self, columns: Mapping[str, Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
-        """Bulk encoding for :meth:`push_encoded` (offline use): rows ``(n, 2 Jn)`` float, ``(n, 2 Jc)`` int."""
+    def encode_many(self, columns: Mapping[str, Sequence[Any]]) -> np.ndarray:
+        """Bulk encoding for :meth:`push_encoded` (offline use): one ``(n, 2J)`` row per record."""
         return self.enc.encode_many(columns)
 
     def push(self, record: Mapping[str, Any], now: float | None = None) -> list[Release]:
         """Process one validated record (``schema.validate``); return the releases it triggered."""
-        f, i = self.enc.encode(record)
-        return self.push_encoded(record, f, i, now)
+        return self.push_encoded(record, self.enc.encode(record), now)
 
-    def push_encoded(self, record: Mapping[str, Any], frow: np.ndarray, irow: np.ndarray,
-                     now: float | None = None) -> list[Release]:
+    def push_encoded(self, record: Mapping[str, Any], v: np.ndarray, now: float | None = None) -> list[Release]:
         """As :meth:`push` with the QI encoding precomputed by :meth:`encode_many`."""
         out: list[Release] = []
         self._out = out
@@ -167,8 +162,7 @@ class Engine:
         s = p % ring
         if self.slot_cluster[s] != _FREE:  # cannot happen: the ring spans the longest possible wait
             raise RuntimeError("engine ring overflow")
-        self.F[s] = frow
-        self.I[s] = irow
+        self.V[s] = v
         self.slot_pos[s] = p
         self.slot_record[s] = record
         self.slot_time[s] = now
@@ -179,7 +173,7 @@ class Engine:
         self.n_buffered += 1
         if self.n_buffered > self.max_buffered:
             self.max_buffered = self.n_buffered
-        c = self._best_selection(s, frow, irow)
+        c = self._best_selection(s, v)
         if c < 0:
             self._new_cluster(s)
         else:
@@ -225,27 +219,24 @@ class Engine:
         return out
 
     # ================================================================== CASTLE steps
-    def _best_selection(self, s: int, frow: np.ndarray, irow: np.ndarray) -> int:
+    def _best_selection(self, s: int, v: np.ndarray) -> int:
         """Choose t's cluster by minimum enlargement and add t to it; -1 means: open a new cluster.
 
-        E(C, t) = wnew_C * L(C + t) - base_C for every open cluster at once (see ClusterStore), where L is the
-        scoring loss summed over the J QIs: numeric (max x' - min x'), categorical table[min A + max B].
+        For every open cluster at once: U = min(box, v) (the union box), L(C + t) = score(U) (one matmul, one
+        gather), E = wnew * L(C + t) - base (see ClusterStore).  SetCmin = argmin E; a member with
+        L(C + t) <= tau is taken; if none: a new cluster while |Gamma| < beta, else a minimal one.
         """
         g = self.gamma
         if g.n_active == 0:
             return -1
-        jn, jc = self.jn, self.jc
         w = self._work
-        if jn:
-            x = frow[:jn]
-            nlo = np.minimum(g.xlo, x, out=w.nlo)
-            nhi = np.maximum(g.xhi, x, out=w.nhi)
-            ls = np.subtract(nhi, nlo, out=w.dx) @ self.enc.ones_n
-        if jc:
-            na = np.minimum(g.alo, irow[:jc], out=w.na)
-            nb = np.maximum(g.bhi, irow[jc:], out=w.nb)
-            lc = self._score_table.take(np.add(na, nb, out=w.idx)) @ self.enc.ones_c
-            ls = ls + lc if jn else lc
+        u = np.minimum(g.box, v, out=w.union)
+        r = np.matmul(u, self._q, out=w.r)
+        if self._jc:
+            ls = self._score_table.take(r[:, 1:].astype(np.intp)) @ self._ones_c
+            ls += r[:, 0]
+        else:
+            ls = r[:, 0].copy()
         e = g.wnew * ls
         e -= g.base
         if self._age_weight > 0.0:
@@ -262,13 +253,7 @@ class Engine:
                     return -1
             elif g.n_active < self._beta:
                 return -1
-        # add t to c
-        if jn:
-            g.xlo[c] = nlo[c]
-            g.xhi[c] = nhi[c]
-        if jc:
-            g.alo[c] = na[c]
-            g.bhi[c] = nb[c]
+        g.box[c] = u[c]
         g.lsum[c] = ls[c]
         self._attach(c, s)
         return c
@@ -300,13 +285,7 @@ class Engine:
     def _new_cluster(self, s: int) -> int:
         g = self.gamma
         c = g.allocate()
-        jn, jc = self.jn, self.jc
-        if jn:
-            g.xlo[c] = self.F[s, :jn]
-            g.xhi[c] = self.F[s, :jn]
-        if jc:
-            g.alo[c] = self.I[s, :jc]
-            g.bhi[c] = self.I[s, jc:]
+        g.box[c] = self.V[s]
         g.lsum[c] = 0.0
         g.oldest[c] = self.slot_pos[s]
         self._attach(c, s)
@@ -347,8 +326,7 @@ class Engine:
         om = self.omega
         if om.count == 0:
             return False
-        jn, jc = self.jn, self.jc
-        cover = om.covering(self.F[s, jn:], self.I[s, jc:], self.p)
+        cover = om.covering(self.V[s], self.p)
         if len(cover) == 0:
             return False
         i = int(cover[0]) if len(cover) == 1 else int(cover[int(self.rng.integers(len(cover)))])
@@ -408,16 +386,8 @@ class Engine:
     def _recompute(self, c: int) -> None:
         g = self.gamma
         idx = np.array(g.members[c])
-        jn, jc = self.jn, self.jc
-        if jn:
-            fx = self.F[idx, :jn]
-            g.xlo[c] = fx.min(axis=0)
-            g.xhi[c] = fx.max(axis=0)
-        if jc:
-            ia = self.I[idx]
-            g.alo[c] = ia[:, :jc].min(axis=0)
-            g.bhi[c] = ia[:, jc:].max(axis=0)
-        g.lsum[c] = float(self.enc.box_score(g.xlo[c], g.xhi[c], g.alo[c], g.bhi[c]))
+        g.box[c] = self.V[idx].min(axis=0)
+        g.lsum[c] = float(self.enc.score_rows(g.box[c]))
         g.oldest[c] = int(self.slot_pos[idx].min())
         g.set_weights(c)
         if self.policy.age_weight > 0.0:
@@ -453,20 +423,16 @@ class Engine:
         self.n_buffered -= 1
 
     def _merge(self, c: int) -> int:
-        """merge_clusters: absorb the nearest open cluster (minimum enlargement) until c is releasable."""
+        """merge_clusters: absorb the open cluster of minimum enlargement until c is releasable.
+
+        Enlargement of C by C': size-weighted form (|C| + |C'|) L(C u C') - |C| L(C) - |C'| L(C'), CASTLE's form
+        L(C u C') - L(C); the union boxes of C with every open cluster are one ``minimum``.
+        """
         g = self.gamma
         enc = self.enc
-        jn, jc = self.jn, self.jc
         while not self._releasable(c):
-            ls = np.zeros(g.capacity)
-            if jn:
-                ulo = np.minimum(g.xlo, g.xlo[c])
-                uhi = np.maximum(g.xhi, g.xhi[c])
-                ls = ls + (uhi - ulo) @ enc.ones_n
-            if jc:
-                ua = np.minimum(g.alo, g.alo[c])
-                ub = np.maximum(g.bhi, g.bhi[c])
-                ls = ls + enc.score_table.take(ua + ub) @ enc.ones_c
+            u = np.minimum(g.box, g.box[c])
+            ls = enc.score_rows(u)
             if g.weighted:
                 e = (g.n + g.n[c]) * ls - g.n * g.lsum - g.n[c] * g.lsum[c]
             else:
@@ -476,12 +442,7 @@ class Engine:
             d = int(e.argmin())
             if not np.isfinite(e[d]):  # cannot happen: delay_constraint checked Gamma holds enough
                 raise RuntimeError("merge_clusters: no cluster left to merge")
-            if jn:
-                g.xlo[c] = ulo[d]
-                g.xhi[c] = uhi[d]
-            if jc:
-                g.alo[c] = ua[d]
-                g.bhi[c] = ub[d]
+            g.box[c] = u[d]
             g.lsum[c] = ls[d]
             for sd in g.members[d]:
                 self.slot_cluster[sd] = c
@@ -533,11 +494,10 @@ class Engine:
         """Emit one equivalence class; with ``castle`` also update tau, Omega and the adaptive delay."""
         idx = np.fromiter(grp, dtype=np.int64, count=len(grp))
         enc = self.enc
-        nlo, nhi, clo, chi = enc.box_of(self.F[idx], self.I[idx])
-        gt, sc = enc.losses_of_box(nlo, nhi, clo, chi)
+        box = self.V[idx].min(axis=0)
+        gt, score = enc.losses_of_box(box)
         loss = float(gt.sum()) / self.j
-        score = float(sc.sum())
-        generalized = enc.labels_of_box(nlo, nhi, clo, chi)
+        generalized = enc.labels_of_box(box)
         self.n_classes += 1
         class_id = f"{self.class_id_prefix}c{self.n_classes}"
         if self.person_id is not None:
@@ -564,8 +524,7 @@ class Engine:
         self.tau_sum = sum(rl) / len(rl)
         self.tau = self.tau_sum / self.j
         if score < self.tau_sum:
-            node_lo, node_hi = enc.node_range(clo, chi)
-            self.omega.add(nlo, nhi, node_lo, node_hi, p, (class_id, generalized, loss, size))
+            self.omega.add(enc.cover_box(box), p, (class_id, generalized, loss, size))
         if self.config.adaptive_delay:
             self._adapt_delay(tuple(generalized.values()))
 
@@ -633,7 +592,7 @@ class Engine:
             seed_unit = units.pop(i)
             t = seed_unit[0] if len(seed_unit) == 1 else seed_unit[int(rng.integers(len(seed_unit)))]
             reps = self._reps(units)
-            d = enc.pair_loss(self.F[t], self.I[t], self.F[reps], self.I[reps])
+            d = enc.score_rows(np.minimum(self.V[reps], self.V[t]))
             nn = np.argpartition(d, k - 2)[: k - 1] if len(units) > k - 1 else np.arange(len(units))
             chosen = set(nn.tolist())
             grp = list(seed_unit)
@@ -673,7 +632,7 @@ class Engine:
                 b = buckets[v]
                 want = max(1, int(round(k * len(b) / total)))
                 reps = self._reps(b)
-                d = enc.pair_loss(self.F[t], self.I[t], self.F[reps], self.I[reps])
+                d = enc.score_rows(np.minimum(self.V[reps], self.V[t]))
                 order = np.argsort(d, kind="stable")[:want]
                 chosen = set(order.tolist())
                 for j in sorted(chosen):
@@ -686,7 +645,7 @@ class Engine:
                     groups.append(grp)
                     break
                 reps = self._reps([buckets[v][j] for v, j in pool])
-                d = enc.pair_loss(self.F[t], self.I[t], self.F[reps], self.I[reps])
+                d = enc.score_rows(np.minimum(self.V[reps], self.V[t]))
                 pick = np.argsort(d, kind="stable")[: k - taken]
                 drop: dict[Any, set[int]] = {}
                 for q in pick.tolist():
@@ -704,34 +663,17 @@ class Engine:
     def _assign_rest(self, groups: list[list[int]], units: Sequence[list[int]]) -> None:
         """Each remaining unit joins the group whose box it enlarges least (size-weighted scoring loss)."""
         enc = self.enc
-        jn, jc = self.jn, self.jc
-        ng = len(groups)
-        xlo = np.empty((ng, jn))
-        xhi = np.empty((ng, jn))
-        alo = np.empty((ng, jc), dtype=np.int64)
-        bhi = np.empty((ng, jc), dtype=np.int64)
-        n = np.empty(ng)
-        for gi, grp in enumerate(groups):
-            idx = np.array(grp)
-            f = self.F[idx, :jn]
-            ii = self.I[idx]
-            xlo[gi], xhi[gi] = f.min(axis=0), f.max(axis=0)
-            alo[gi], bhi[gi] = ii[:, :jc].min(axis=0), ii[:, jc:].max(axis=0)
-            n[gi] = len(grp)
-        base = enc.box_score(xlo, xhi, alo, bhi)
+        boxes = np.stack([self.V[np.array(grp)].min(axis=0) for grp in groups])
+        n = np.array([len(grp) for grp in groups], dtype=np.float64)
+        base = enc.score_rows(boxes)
         for u in units:
-            idx = np.array(u)
-            f = self.F[idx, :jn]
-            ii = self.I[idx]
-            ulo = np.minimum(xlo, f.min(axis=0))
-            uhi = np.maximum(xhi, f.max(axis=0))
-            ua = np.minimum(alo, ii[:, :jc].min(axis=0))
-            ub = np.maximum(bhi, ii[:, jc:].max(axis=0))
-            ls = enc.box_score(ulo, uhi, ua, ub)
+            ubox = self.V[np.array(u)].min(axis=0)
+            union = np.minimum(boxes, ubox)
+            ls = enc.score_rows(union)
             e = (n + len(u)) * ls - n * base
             gi = int(e.argmin())
             groups[gi].extend(u)
-            xlo[gi], xhi[gi], alo[gi], bhi[gi] = ulo[gi], uhi[gi], ua[gi], ub[gi]
+            boxes[gi] = union[gi]
             base[gi] = ls[gi]
             n[gi] += len(u)
 

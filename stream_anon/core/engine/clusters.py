@@ -1,18 +1,24 @@
 """Vectorized state of the engine: QI encoding, open clusters (Gamma) and released clusters (Omega).
 
-Encoding (one row per record, see :class:`QIEncoder`):
+Encoding ("min-only" layout).  A record becomes one float vector of length 2J::
 
-* numeric QI a: the raw value x and its scaled value x' = (x - L_a) / (U_a - L_a) over the public domain
-  [L_a, U_a]; the numeric loss of a box is ``max x' - min x'`` = (max - min) / (U_a - L_a).
-* categorical QI a with M_a leaves: leaf index c (leaves are numbered depth-first, so a node covers a
-  contiguous leaf range and the LCA of a set is the LCA of its min and max leaf).  All per-attribute
-  ``(M_a x M_a)`` loss tables are flattened into one vector at offset o_a; a record carries
-  ``A = o_a + c * M_a`` and ``B = c``.  Because ``M_a > 0`` the minimum of A over a cluster is
-  ``o_a + min(c) * M_a``, so the loss of a cluster is ``table[min(A) + max(B)]``: one flat gather for
-  all attributes of all clusters.
+    v = [ x_1..x_Jn | A_1..A_Jc | -x_1..-x_Jn | -B_1..-B_Jc ]
 
-A cluster is stored as four rows (min x', max x', min A, max B) in preallocated arrays, so the loss of
-adding a record to *every* open cluster is a handful of numpy calls (no loop over clusters/attributes).
+with x the raw numeric values, and for a categorical QI a with M_a leaves and leaf index c (leaves are
+numbered depth-first, so every node covers a contiguous leaf range and the LCA of a set of leaves is the LCA
+of its min and max leaf): ``A = o_a + c * M_a`` and ``B = c``, where o_a is the offset of a's ``(M_a x M_a)``
+loss table inside one flat vector holding the tables of all categorical QIs.
+
+The box (generalization) of a set of records is then the *elementwise minimum* of their vectors:
+``[min x | min A | -max x | -max B]``; the union of two boxes is their elementwise minimum; and a box covers a
+record exactly when ``box <= v`` elementwise.  The loss of a box, summed over the J QIs, is::
+
+    L = sum_a (max x_a - min x_a) / (U_a - L_a)  +  sum_a table[min A_a + max B_a]
+
+which is one matrix product ``box @ Q`` (column 0: the numeric sum with weights -1/(U_a - L_a) on both x
+and -x; columns 1..Jc: the flat table index min A - (-max B)) and one gather.  Scoring a record against every
+open cluster is therefore: one ``minimum``, one ``matmul``, one ``take``, one ``matmul`` -- no loop over
+clusters or attributes.  Indices are small integers held exactly in float64.
 """
 
 from __future__ import annotations
@@ -27,137 +33,145 @@ from stream_anon.core.schema import Attribute, Schema
 
 
 class QIEncoder:
-    """Encodes records' QIs for the engine and turns cluster boxes back into released strings.
+    """Encodes records' QIs (min-only layout) and turns boxes back into released strings and losses.
 
-    ``score`` selects the loss table used for cluster choice: ``"gt"`` / ``"lm"`` (l_a = (leaves - 1)/(M - 1))
-    or ``"ubdsa"`` (CAIL: leaves/M for a generalized value, 0 for a leaf).  Released losses always use l_a.
+    ``score`` selects the categorical loss table used for cluster choice: ``"gt"`` / ``"lm"``
+    (l_a = (leaves(LCA) - 1)/(M_a - 1)) or ``"ubdsa"`` (CAIL: leaves(LCA)/M_a for a generalized value, 0 for a
+    leaf).  Numeric QIs score (max - min)/(U - L) under all three.  Released losses always use l_a.
     """
 
     def __init__(self, schema: Schema, score: str = "gt"):
         self.schema = schema
         self.numeric: list[Attribute] = schema.numeric_qis
         self.categorical: list[Attribute] = schema.categorical_qis
-        self.jn = len(self.numeric)
-        self.jc = len(self.categorical)
-        self.j = self.jn + self.jc
+        jn, jc = len(self.numeric), len(self.categorical)
+        self.jn, self.jc, self.j = jn, jc, jn + jc
         if self.j == 0:
             raise ValueError("schema has no quasi-identifier; the engine needs at least one")
+        self.width = 2 * self.j
         self.names = [a.name for a in self.numeric] + [a.name for a in self.categorical]
         self.num_lo = np.array([float(a.lo) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
         self.num_hi = np.array([float(a.hi) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
-        self.num_inv_range = 1.0 / (self.num_hi - self.num_lo) if self.jn else np.zeros(0)
+        self.num_inv_range = 1.0 / (self.num_hi - self.num_lo) if jn else np.zeros(0)
         self.hierarchies = [a.hierarchy for a in self.categorical]
         self.m = np.array([h.n_leaves for h in self.hierarchies], dtype=np.int64)  # type: ignore[union-attr]
         sizes = self.m * self.m
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if self.jc else np.zeros(0, np.int64)
+        self.offsets = (np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if jc
+                        else np.zeros(0, np.int64))
         gt = [h.gt_loss_table().ravel() for h in self.hierarchies]  # type: ignore[union-attr]
         cail = [h.cail_table().ravel() for h in self.hierarchies]  # type: ignore[union-attr]
-        self.gt_table = np.concatenate(gt).astype(np.float64) if self.jc else np.zeros(1)
-        self.cail_table = np.concatenate(cail).astype(np.float64) if self.jc else np.zeros(1)
+        self.gt_table = np.concatenate(gt).astype(np.float64) if jc else np.zeros(1)
+        self.cail_table = np.concatenate(cail).astype(np.float64) if jc else np.zeros(1)
         self.score_table = self.cail_table if score == "ubdsa" else self.gt_table
         self.leaf_index = [h.leaf_index for h in self.hierarchies]  # type: ignore[union-attr]
-        self.ones_n = np.ones(self.jn)
-        self.ones_c = np.ones(self.jc)
+        # slices of the layout
+        self.sx = slice(0, jn)
+        self.sa = slice(jn, self.j)
+        self.snx = slice(self.j, self.j + jn)
+        self.snb = slice(self.j + jn, 2 * self.j)
+        q = np.zeros((self.width, 1 + jc))
+        q[self.sx, 0] = -self.num_inv_range
+        q[self.snx, 0] = -self.num_inv_range
+        for c in range(jc):
+            q[jn + c, 1 + c] = 1.0
+            q[self.j + jn + c, 1 + c] = -1.0
+        self.q = q
+        self.ones_c = np.ones(jc)
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """One record -> (float row ``[x' (Jn), x (Jn)]``, int row ``[A (Jc), B (Jc)]``)."""
-        raw = [float(record[a.name]) for a in self.numeric]
-        leaves = [idx[record[a.name]] for idx, a in zip(self.leaf_index, self.categorical, strict=True)]
-        f = np.empty(2 * self.jn)
-        f[self.jn:] = raw
-        f[: self.jn] = (f[self.jn:] - self.num_lo) * self.num_inv_range
-        b = np.array(leaves, dtype=np.int64)
-        i = np.concatenate([self.offsets + b * self.m, b]) if self.jc else np.zeros(0, np.int64)
-        return f, i
+    def encode(self, record: Mapping[str, Any]) -> np.ndarray:
+        """One validated record -> its layout vector (length 2J)."""
+        v = np.empty(self.width)
+        jn, j = self.jn, self.j
+        for t, a in enumerate(self.numeric):
+            x = float(record[a.name])
+            v[t] = x
+            v[j + t] = -x
+        for t, (idx, a) in enumerate(zip(self.leaf_index, self.categorical, strict=True)):
+            c = idx[record[a.name]]
+            v[jn + t] = self.offsets[t] + c * self.m[t]
+            v[j + jn + t] = -c
+        return v
 
-    def encode_many(self, columns: Mapping[str, Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
-        """Column-wise encoding of many validated records: ``(n, 2 Jn)`` float64 and ``(n, 2 Jc)`` int64."""
+    def encode_many(self, columns: Mapping[str, Sequence[Any]]) -> np.ndarray:
+        """Column-wise encoding of many validated records: ``(n, 2J)`` float64."""
         raw, leaves = self.schema.encode_qis_many(columns)
         n = raw.shape[0]
-        f = np.empty((n, 2 * self.jn))
-        f[:, self.jn:] = raw
-        f[:, : self.jn] = (raw - self.num_lo) * self.num_inv_range
-        i = np.empty((n, 2 * self.jc), dtype=np.int64)
-        i[:, : self.jc] = self.offsets + leaves * self.m
-        i[:, self.jc:] = leaves
-        return f, i
+        v = np.empty((n, self.width))
+        v[:, self.sx] = raw
+        v[:, self.snx] = -raw
+        v[:, self.sa] = self.offsets + leaves * self.m
+        v[:, self.snb] = -leaves
+        return v
 
     # ------------------------------------------------------------------ boxes
-    def box_of(self, frows: np.ndarray, irows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Raw numeric (lo, hi) and leaf (lo, hi) of a set of encoded rows."""
-        jn, jc = self.jn, self.jc
-        raw = frows[:, jn:]
-        leaves = irows[:, jc:]
-        return raw.min(axis=0), raw.max(axis=0), leaves.min(axis=0), leaves.max(axis=0)
+    def score_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Scoring loss summed over QIs of boxes given as layout rows (shape ``(..., 2J)``)."""
+        r = rows @ self.q
+        out = r[..., 0]
+        if self.jc:
+            out = out + self.score_table.take(r[..., 1:].astype(np.intp)) @ self.ones_c
+        return out
 
-    def losses_of_box(self, nlo: np.ndarray, nhi: np.ndarray, clo: np.ndarray, chi: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
-        """Per-attribute l_a (numeric then categorical) and the scoring-loss per attribute of one box."""
+    def decode(self, box: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(numeric min, numeric max, min leaf, max leaf) of one box row."""
+        nlo = box[self.sx]
+        nhi = -box[self.snx]
+        clo = ((box[self.sa] - self.offsets) // np.maximum(self.m, 1)).astype(np.int64)
+        chi = (-box[self.snb]).astype(np.int64)
+        return nlo, nhi, clo, chi
+
+    def losses_of_box(self, box: np.ndarray) -> tuple[np.ndarray, float]:
+        """Per-attribute l_a of one box (numeric then categorical) and its scoring loss summed over QIs."""
+        nlo, nhi, clo, chi = self.decode(box)
         num = (nhi - nlo) * self.num_inv_range
         idx = self.offsets + clo * self.m + chi
         gt = np.concatenate([num, self.gt_table[idx]]) if self.jc else num
-        sc = np.concatenate([num, self.score_table[idx]]) if self.jc else num
+        sc = float(num.sum() + (self.score_table[idx].sum() if self.jc else 0.0))
         return gt, sc
 
-    def labels_of_box(self, nlo: np.ndarray, nhi: np.ndarray, clo: np.ndarray, chi: np.ndarray) -> dict[str, str]:
-        """The released strings: ``"[lo-hi]"`` per numeric QI, the LCA label per categorical QI."""
+    def labels_of_box(self, box: np.ndarray) -> dict[str, str]:
+        """The released strings: ``"[lo-hi]"`` per numeric QI, the LCA node label per categorical QI."""
+        nlo, nhi, clo, chi = self.decode(box)
         out: dict[str, str] = {}
-        for j, a in enumerate(self.numeric):
-            lo, hi = float(nlo[j]), float(nhi[j])
+        lo_l, hi_l = nlo.tolist(), nhi.tolist()
+        for t, a in enumerate(self.numeric):
             if a.integer:
-                out[a.name] = format_interval(int(lo), int(hi))
+                out[a.name] = f"[{int(lo_l[t])}-{int(hi_l[t])}]"  # == format_interval for integers
             else:
-                out[a.name] = format_interval(lo, hi)
-        for j, a in enumerate(self.categorical):
-            out[a.name] = a.hierarchy.label_of_range(int(clo[j]), int(chi[j]))  # type: ignore[union-attr]
+                out[a.name] = format_interval(lo_l[t], hi_l[t])
+        clo_l, chi_l = clo.tolist(), chi.tolist()
+        for t, a in enumerate(self.categorical):
+            out[a.name] = a.hierarchy.label_of_range(clo_l[t], chi_l[t])  # type: ignore[union-attr]
         return out
 
-    def node_range(self, clo: np.ndarray, chi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Leaf range covered by the released LCA node (what a reuse must be covered by), per categorical QI."""
-        lo = np.empty(self.jc, dtype=np.int64)
-        hi = np.empty(self.jc, dtype=np.int64)
-        for j, h in enumerate(self.hierarchies):
-            node = h.lca[int(clo[j]), int(chi[j])]  # type: ignore[union-attr]
-            lo[j] = h.node_leaf_lo[node]  # type: ignore[union-attr]
-            hi[j] = h.node_leaf_hi[node]  # type: ignore[union-attr]
-        return lo, hi
-
-    def pair_loss(self, f: np.ndarray, i: np.ndarray, frows: np.ndarray, irows: np.ndarray) -> np.ndarray:
-        """Scoring loss sum of the 2-record box {t, r} for every row r (distance used by the KNN split)."""
-        jn, jc = self.jn, self.jc
-        out = np.abs(frows[:, :jn] - f[:jn]) @ self.ones_n if jn else np.zeros(len(frows))
-        if jc:
-            idx = np.minimum(irows[:, :jc], i[:jc]) + np.maximum(irows[:, jc:], i[jc:])
-            out = out + self.score_table.take(idx) @ self.ones_c
-        return out
-
-    def box_score(self, xlo: np.ndarray, xhi: np.ndarray, alo: np.ndarray, bhi: np.ndarray) -> np.ndarray:
-        """Scoring loss sum of boxes given as rows (scaled numeric lo/hi, A-min, B-max); any leading shape."""
-        out = (xhi - xlo) @ self.ones_n if self.jn else np.zeros(xlo.shape[:-1])
-        if self.jc:
-            out = out + self.score_table.take(alo + bhi) @ self.ones_c
+    def cover_box(self, box: np.ndarray) -> np.ndarray:
+        """The released generalization as a box: categorical ranges widened to the LCA node's full leaf range
+        (a record is covered by the release iff ``cover_box <= v``)."""
+        out = box.copy()
+        nlo, nhi, clo, chi = self.decode(box)
+        for t, h in enumerate(self.hierarchies):
+            node = h.lca[int(clo[t]), int(chi[t])]  # type: ignore[union-attr]
+            out[self.jn + t] = self.offsets[t] + int(h.node_leaf_lo[node]) * self.m[t]  # type: ignore[union-attr]
+            out[self.j + self.jn + t] = -int(h.node_leaf_hi[node])  # type: ignore[union-attr]
         return out
 
 
 class ClusterStore:
-    """Gamma: at most ``capacity`` open clusters in preallocated arrays.
+    """Gamma: at most ``capacity`` open clusters, each a box row in one preallocated ``(capacity, 2J)`` array.
 
-    Per cluster c: ``xlo/xhi`` (min/max scaled numeric), ``alo/bhi`` (min A / max B), ``lsum`` (scoring loss
-    summed over QIs), ``n`` (records), ``size`` (distinct individuals), ``oldest`` (earliest arrival position),
-    ``members`` (ring slots).  ``wnew`` and ``base`` make the enlargement one expression,
-    ``E = wnew * lsum(C + t) - base``: for the size-weighted form (GT, CAIL) ``wnew = n + 1, base = n * lsum``;
-    for CASTLE's form (LM) ``wnew = 1, base = lsum``.  Free slots have ``base = -inf`` so E = +inf there.
+    Per cluster c: ``box`` (elementwise min of its members' vectors; +inf for a free slot, so the union with a
+    record is the record itself and every score stays finite), ``lsum`` (scoring loss summed over QIs),
+    ``n`` (records), ``size`` (distinct individuals), ``oldest`` (earliest arrival position), ``members``
+    (ring slots).  ``wnew`` and ``base`` make the enlargement one expression, ``E = wnew * L(C + t) - base``:
+    size-weighted form (GT, CAIL): ``wnew = n + 1, base = n * L(C)``; CASTLE's form (LM): ``wnew = 1,
+    base = L(C)``.  Free slots have ``base = -inf`` so their E is +inf.
     """
 
-    def __init__(self, capacity: int, enc: QIEncoder, weighted: bool):
+    def __init__(self, capacity: int, width: int, weighted: bool):
         self.capacity = capacity
         self.weighted = weighted
-        jn, jc = enc.jn, enc.jc
-        self.xlo = np.zeros((capacity, jn))
-        self.xhi = np.zeros((capacity, jn))
-        self.alo = np.tile(enc.offsets, (capacity, 1)).astype(np.int64) if jc else np.zeros((capacity, 0), np.int64)
-        self.bhi = np.zeros((capacity, jc), dtype=np.int64)
+        self.box = np.full((capacity, width), np.inf)
         self.lsum = np.zeros(capacity)
         self.n = np.zeros(capacity, dtype=np.int64)
         self.size = np.zeros(capacity, dtype=np.int64)
@@ -188,6 +202,7 @@ class ClusterStore:
 
     def release(self, c: int) -> None:
         self.active[c] = False
+        self.box[c] = np.inf
         self.base[c] = -np.inf
         self.wnew[c] = 1.0
         self.n[c] = 0
@@ -201,51 +216,36 @@ class ClusterStore:
 
 
 class OmegaStore:
-    """Omega: released clusters kept for reuse, bounded to the ``zeta`` most recent (ring) and ``max_age`` arrivals.
+    """Omega: released clusters kept for reuse, bounded to the ``zeta`` most recent (a ring) and, optionally,
+    to those released at most ``max_age`` arrivals ago.  A record is covered by kept cluster i iff
+    ``cover[i] <= v`` elementwise (free entries are +inf): one comparison for all kept clusters."""
 
-    Cover test of a record against all kept clusters is one vectorized expression over raw numeric bounds
-    and leaf-index bounds.
-    """
-
-    def __init__(self, zeta: int, jn: int, jc: int, max_age: int | None):
+    def __init__(self, zeta: int, width: int, max_age: int | None):
         self.zeta = zeta
         self.max_age = max_age
         cap = max(zeta, 1)
-        self.nlo = np.zeros((cap, jn))
-        self.nhi = np.zeros((cap, jn))
-        self.clo = np.zeros((cap, jc), dtype=np.int64)
-        self.chi = np.zeros((cap, jc), dtype=np.int64)
-        self.valid = np.zeros(cap, dtype=bool)
+        self.cover = np.full((cap, width), np.inf)
         self.pos = np.zeros(cap, dtype=np.int64)
         self.meta: list[tuple[str, dict[str, str], float, int] | None] = [None] * cap
         self.next = 0
         self.count = 0
 
-    def add(self, nlo: np.ndarray, nhi: np.ndarray, clo: np.ndarray, chi: np.ndarray, pos: int,
-            meta: tuple[str, dict[str, str], float, int]) -> None:
+    def add(self, cover: np.ndarray, pos: int, meta: tuple[str, dict[str, str], float, int]) -> None:
         if self.zeta == 0:
             return
         i = self.next
-        self.nlo[i] = nlo
-        self.nhi[i] = nhi
-        self.clo[i] = clo
-        self.chi[i] = chi
-        self.pos[i] = pos
-        if not self.valid[i]:
+        if self.meta[i] is None:
             self.count += 1
-        self.valid[i] = True
+        self.cover[i] = cover
+        self.pos[i] = pos
         self.meta[i] = meta
         self.next = (i + 1) % self.zeta
 
-    def covering(self, raw: np.ndarray, leaves: np.ndarray, now_pos: int) -> np.ndarray:
-        """Indices of kept clusters whose generalization covers the record (raw numeric, leaf indices)."""
+    def covering(self, v: np.ndarray, now_pos: int) -> np.ndarray:
+        """Indices of kept clusters whose released generalization covers the record vector ``v``."""
         if self.count == 0:
             return np.zeros(0, dtype=np.int64)
-        ok = self.valid.copy()
+        ok = (self.cover <= v).all(axis=1)
         if self.max_age is not None:
             ok &= self.pos >= now_pos - self.max_age
-        if raw.size:
-            ok &= (self.nlo <= raw).all(axis=1) & (raw <= self.nhi).all(axis=1)
-        if leaves.size:
-            ok &= (self.clo <= leaves).all(axis=1) & (leaves <= self.chi).all(axis=1)
         return np.flatnonzero(ok)
