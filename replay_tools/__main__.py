@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--target", default="127.0.0.1:9999", help="HOST:PORT of the udp-bridge (default 127.0.0.1:9999)")
     u.add_argument("--rate", type=float, default=0.0, help="records/s (0 = as fast as possible)")
     u.add_argument("--stream-id", default=None, help="stream id in every datagram (default: random)")
-    u.add_argument("--eos-repeats", type=int, default=3, help="how many times the EOS datagram is sent (default 3)")
+    u.add_argument("--eos-repeats", type=int, default=5,
+                   help="how many times the EOS datagram is sent, 10/40/160/640 ms apart (default 5)")
     u.add_argument("--no-eos", action="store_true", help="do not send an end-of-stream datagram")
     u.add_argument("--seed", type=int, default=None, help="seed for --synthetic")
     u.add_argument("--no-progress", action="store_true")

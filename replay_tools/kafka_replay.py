@@ -212,8 +212,8 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, expected: int | None = None, timeout_s: float = 30.0,
-               idle_s: float = 2.0) -> list[tuple[int, int, bytes | None, bytes]]:
-    """Read a topic from the beginning: ``[(partition, offset, key, value), ...]``.
+               idle_s: float = 2.0) -> list[tuple[int, int, bytes, bytes]]:
+    """Read a topic from the beginning: ``[(partition, offset, key, value), ...]`` (key ``b""`` if none).
 
     Stops when ``expected`` messages were read, or (without ``expected``) when every partition's
     position reached its ``highwater()`` and nothing arrived for ``idle_s`` (Tansu's ``end_offsets``
@@ -234,12 +234,12 @@ def read_topic(bootstrap_servers: str, topic: str, *, expected: int | None = Non
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        out: list[tuple[int, int, bytes | None, bytes]] = []
+        out: list[tuple[int, int, bytes, bytes]] = []
         last_data = time.monotonic()
         while time.monotonic() < deadline:
             batch = consumer.poll(timeout_ms=200, max_records=10000)
             for tp, msgs in batch.items():
-                out.extend((tp.partition, m.offset, m.key, m.value) for m in msgs)
+                out.extend((tp.partition, m.offset, m.key or b"", m.value) for m in msgs)
             if batch:
                 last_data = time.monotonic()
             if expected is not None:

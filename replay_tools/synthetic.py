@@ -256,6 +256,7 @@ class SyntheticGenerator:
         self.batch_size = batch_size
         self.next_index = start_index
         self.id_field = self.schema.record_id or "id"
+        self._buffer: list[dict[str, Any]] = []
         self._check_against_schema()
 
     def _check_against_schema(self) -> None:
@@ -280,7 +281,11 @@ class SyntheticGenerator:
                                          f"domain [{a.lo}, {a.hi}]")
 
     def columns(self, n: int) -> dict[str, np.ndarray]:
-        """``n`` records as columns (numpy arrays; ids as an object array), advancing the id counter."""
+        """``n`` fresh records as columns (numpy arrays; ids an object array), drawn in one vectorized batch.
+
+        Bypasses the record buffer of ``records``/iteration (do not mix the two on one generator if the
+        exact sequence matters).
+        """
         if n < 0:
             raise MarginalsError(f"n: expected an integer >= 0, got {n!r}")
         out: dict[str, np.ndarray] = {}
@@ -308,16 +313,35 @@ class SyntheticGenerator:
             out[name] = np.array([mapping[v] for v in out[given]])
         return {k: out[k] for k in [self.id_field, *self.schema.names]}
 
-    def records(self, n: int) -> list[dict[str, Any]]:
-        """``n`` records as JSON-ready dicts (native ints/floats/strings), in schema order, id first."""
-        cols = self.columns(n)
+    def _batch(self) -> list[dict[str, Any]]:
+        cols = self.columns(self.batch_size)
         names = list(cols)
         lists = [cols[k].tolist() for k in names]
         return [dict(zip(names, row, strict=True)) for row in zip(*lists, strict=True)]
 
+    def records(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` records as JSON-ready dicts (native ints/floats/strings), schema order, id first.
+
+        Drawn in fixed batches of ``batch_size`` (buffered), so the stream depends only on the seed and
+        ``batch_size``: ``records(100) + records(200) == records(300)``.
+        """
+        if n < 0:
+            raise MarginalsError(f"n: expected an integer >= 0, got {n!r}")
+        out = self._buffer[:n]
+        del self._buffer[:n]
+        while len(out) < n:
+            batch = self._batch()
+            take = n - len(out)
+            out.extend(batch[:take])
+            self._buffer = batch[take:]
+        return out
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
-            yield from self.records(self.batch_size)
+            if not self._buffer:
+                self._buffer = self._batch()
+            buf, self._buffer = self._buffer, []
+            yield from buf
 
 
 def synthetic_adult_records(n: int | None = None, *, rng: np.random.Generator | int | None = None,

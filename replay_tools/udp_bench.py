@@ -100,8 +100,8 @@ def udp_loss_bench(records: Sequence[Mapping[str, Any]], rates: Sequence[float],
 
 
 def format_table(rows: Sequence[LossRow], sink: str) -> str:
-    out = [f"| target rate (rec/s) | achieved send rate | sent | received | lost | loss % | kernel RcvbufErrors | "
-           f"bridge sink |",
+    out = ["| target rate (rec/s) | achieved send rate | sent | received | lost | loss % | kernel RcvbufErrors | "
+           "bridge sink |",
            "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         target = f"{r.target_rate:,.0f}" if r.target_rate > 0 else "max"

@@ -13,7 +13,9 @@ record by record over UDP to the anonymizer.  Datagram format (one UTF-8 JSON ob
   receiver knows how many trailing records it lost.
 * ``stream`` names one run of the sender (random 8 hex digits unless given); a receiver that sees
   a new stream id closes the previous stream.  It is optional (absent = ``""``).
-* The EOS datagram is repeated ``eos_repeats`` times (default 3, 10 ms apart) because UDP may lose it.
+* The EOS datagram is repeated ``eos_repeats`` times (default 5) with growing pauses (10, 40, 160,
+  640 ms: ``eos_interval_s * 4**i``, at most 1 s) because UDP may lose it, and it is lost precisely
+  when the receiver's buffer is full after a burst: a later copy arrives once the buffer has drained.
 * A datagram must fit in 65,507 bytes (the IPv4 UDP payload limit); an ADULT record is ~330 bytes.
 
 UDP is lossy (no retransmission, no back-pressure): if the receiver's socket buffer fills up the
@@ -51,7 +53,7 @@ class UdpSendStats:
     duplicated_by_hook: int = 0
     eos_sent: int = 0
     send_errors: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # sending the records (EOS pauses excluded)
     target_rate: float = 0.0
 
     @property
@@ -87,7 +89,7 @@ def new_stream_id() -> str:
 
 
 def send_udp(records: Iterable[Mapping[str, Any]], host: str, port: int, rate: float = 0.0, *,
-             stream_id: str | None = None, limit: int | None = None, eos: bool = True, eos_repeats: int = 3,
+             stream_id: str | None = None, limit: int | None = None, eos: bool = True, eos_repeats: int = 5,
              eos_interval_s: float = 0.01, drop_seqs: Collection[int] = (), duplicate_seqs: Collection[int] = (),
              delay_seqs: Mapping[int, int] | None = None, progress: bool = False, total: int | None = None,
              preencode: bool = False, sndbuf_bytes: int = 4 * 1024 * 1024) -> UdpSendStats:
@@ -155,16 +157,16 @@ def send_udp(records: Iterable[Mapping[str, Any]], host: str, port: int, rate: f
             for late in held[s]:
                 emit(late)
         stats.records = seq
+        stats.seconds = time.perf_counter() - start  # the records' send time (EOS pauses excluded)
+        bar.update(seq)
+        bar.close()
         if eos:
             data = eos_datagram(seq, stream)
             for i in range(eos_repeats):
                 if i:
-                    time.sleep(eos_interval_s)
+                    time.sleep(min(eos_interval_s * 4 ** (i - 1), 1.0))
                 emit(data)
                 stats.eos_sent += 1
-        stats.seconds = time.perf_counter() - start
-        bar.update(seq)
-        bar.close()
     finally:
         sock.close()
     return stats

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -421,3 +422,47 @@ def test_env_example_holds_placeholders_not_secrets() -> None:
     env = _env_example()
     assert env["GRAFANA_ADMIN_PASSWORD"] == "change-me"
     assert env["ADULT_DIR"].startswith("/path/to/")
+
+
+# ----------------------------------------------------------------------------------------------- Kubernetes
+def _k8s(kind: str) -> dict[str, Any]:
+    docs = [d for f in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in load_yaml_all(f) if d]
+    matches = [d for d in docs if d.get("kind") == kind]
+    assert len(matches) == 1, f"expected one {kind} in deploy/k8s, found {len(matches)}"
+    return matches[0]
+
+
+def load_yaml_all(path: Path) -> list[Any]:
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        return list(yaml.safe_load_all(f))
+
+
+def test_k8s_manifests_probes_config_and_podmonitor(tmp_path: Path) -> None:
+    kustomization = load_yaml(DEPLOY / "k8s" / "kustomization.yaml")
+    assert all((DEPLOY / "k8s" / r).is_file() for r in kustomization["resources"])
+    dep, cm, pm = _k8s("Deployment"), _k8s("ConfigMap"), _k8s("PodMonitor")
+    pod = dep["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (container,) = pod["spec"]["containers"]
+    assert _image_pinned(container["image"])
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True and pod["spec"]["securityContext"]["runAsUser"] != 0
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == "/metrics" and get["port"] in ports, probe
+    # the ConfigMap's file is a valid service config, its metrics port is the container's, reachable off-loopback
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert container["args"][container["args"].index("--config") + 1].startswith(mount["mountPath"] + "/")
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"], encoding="utf-8")
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    assert all(env_to_option(k) for k in env), env
+    cfg = Config.load(tmp_path / "config.yaml", env=env)
+    assert cfg.service.metrics_port == ports["metrics"] and cfg.service.metrics_addr == "0.0.0.0"
+    # the PodMonitor selects these pods, scrapes the named port, and labels the job as the rules expect
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert labels[pm["spec"]["jobLabel"]] == "stream-anon"
+    assert any('up{job="stream-anon"}' in r["expr"] for r in alert_rules())

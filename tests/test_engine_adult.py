@@ -27,10 +27,10 @@ def stream(df: pd.DataFrame, schema: Schema, cfg: EngineConfig, n: int | None = 
     part = df if n is None else df.iloc[:n]
     cols = {c: part[c].tolist() for c in part.columns}
     names = list(cols)
-    f, i = eng.encode_many(cols)
+    vectors = eng.encode_many(cols)
     out: list[Release] = []
-    for row, fr, ir in zip(zip(*cols.values(), strict=True), f, i, strict=True):
-        out += eng.push_encoded(dict(zip(names, row, strict=True)), fr, ir, 0.0)
+    for row, v in zip(zip(*cols.values(), strict=True), vectors, strict=True):
+        out += eng.push_encoded(dict(zip(names, row, strict=True)), v, 0.0)
     out += eng.flush(0.0)
     return eng, out
 
@@ -121,11 +121,11 @@ def test_adaptive_delay_stays_within_bounds(adult: pd.DataFrame) -> None:
     eng = Engine(schema, cfg)
     cols = {c: adult[c].iloc[:5000].tolist() for c in adult.columns}
     names = list(cols)
-    f, i = eng.encode_many(cols)
+    vectors = eng.encode_many(cols)
     seen = set()
     out: list[Release] = []
-    for row, fr, ir in zip(zip(*cols.values(), strict=True), f, i, strict=True):
-        out += eng.push_encoded(dict(zip(names, row, strict=True)), fr, ir, 0.0)
+    for row, v in zip(zip(*cols.values(), strict=True), vectors, strict=True):
+        out += eng.push_encoded(dict(zip(names, row, strict=True)), v, 0.0)
         seen.add(eng.delta_eff)
         assert 100 <= eng.delta_eff <= 400
     out += eng.flush(0.0)

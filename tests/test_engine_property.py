@@ -52,7 +52,7 @@ def scenarios(draw: Any) -> tuple[Schema, EngineConfig, list[dict[str, Any]]]:
         leftover=leftover, delta_leftover=draw(st.sampled_from([None, 1, 3, 2 * delta])), l=l_,
         zeta=draw(st.integers(0, 6)), max_age=draw(st.sampled_from([None, 3, 50])), adaptive_delay=adaptive,
         delta_min=k if adaptive else None, seed=draw(st.integers(0, 3)),
-        age_weight=draw(st.sampled_from([0.0, 0.5, 2.0])),
+        age_weight=draw(st.sampled_from([0.0, 0.5, 2.0])), release_slack=draw(st.sampled_from([0.0, 1.0, 3.0])),
     )
     n = draw(st.integers(0, 70))
     recs = []

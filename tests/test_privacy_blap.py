@@ -49,6 +49,16 @@ def test_scale_really_gives_epsilon(eps: float, sens: float, lo: float, hi: floa
         assert m.scale > m.naive_scale
 
 
+def test_scale_with_delta_matches_diffprivlib() -> None:
+    from diffprivlib.mechanisms import LaplaceBoundedDomain
+
+    for eps, delta, sens in ((0.5, 0.05, 1.0), (1.0, 0.2, 0.3), (2.0, 0.01, 2.0)):
+        ours = BoundedLaplace(epsilon=eps, lower=-1, upper=1, sensitivity=sens, delta=delta)
+        peer = LaplaceBoundedDomain(epsilon=eps, delta=delta, sensitivity=sens, lower=-1, upper=1)
+        assert ours.scale == pytest.approx(peer._find_scale(), rel=1e-9)
+        assert actual_epsilon(ours.scale, sens, 2.0) == pytest.approx(eps - math.log1p(-delta), rel=1e-9)
+
+
 def test_patent_scale_and_peer_fact() -> None:
     # dQ = 2 on [-1, 1], delta = 0: b = 2 / eps exactly (naive = correct)
     for eps in (0.1, 0.5, 1.0, 4.0):

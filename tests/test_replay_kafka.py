@@ -39,7 +39,7 @@ def test_replay_adult_exact_count_deterministic_ids_and_values(broker, adult_rec
     keys = [k.decode() for _, _, k, _ in got]
     assert len(set(keys)) == 4000 and set(keys) == {f"adult-{i:05d}" for i in range(4000)}
     by_id = {r["id"]: r for r in records}
-    for part, _, key, value in got:
+    for _, _, key, value in got:
         doc = json.loads(value)
         assert doc == by_id[key.decode()]  # value = the record itself, one JSON object per message
     per_part = {p: sum(1 for q, *_ in got if q == p) for p in range(3)}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
+from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
 
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
@@ -19,8 +20,6 @@ from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, send_flush_markers
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics
-
-from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
 
 
 def service_config(bs: str, prefix: str, **extra: object) -> Config:
@@ -60,11 +59,11 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) 
             sent.append((key, value))
             expected_reasons[reason] = expected_reasons.get(reason, 0) + 1
         sent.append((rec["id"].encode(), json.dumps(rec).encode()))
-    big = b'{"id": "huge", "pad": "' + b"x" * 1_500_000 + b'"}'  # oversized, and above dlq_max_bytes
+    big: bytes = b'{"id": "huge", "pad": "' + b"x" * 1_500_000 + b'"}'  # oversized, and above dlq_max_bytes
     sent.append((b"huge", big))
     expected_reasons["oversized"] = expected_reasons.get("oversized", 0) + 1
-    for key, value in sent:
-        producer.send(cfg.topics.input, key=key, value=value, partition=int(key[-1]) % 2 if key else 0)
+    for msg_key, payload in sent:
+        producer.send(cfg.topics.input, key=msg_key, value=payload, partition=int(msg_key[-1]) % 2 if msg_key else 0)
     producer.flush()
     send_flush_markers(producer, cfg.topics.input, [0, 1])
     producer.close()
@@ -91,14 +90,14 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) 
     assert snap.dlq_reasons == expected_reasons
     assert len(snap.records) == len(sent)
     assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
-    originals = {}
-    for key, value in sent:
-        originals.setdefault(key, value)
-    for _part, _off, reason, value in snap.dlq_values:
-        if reason == "oversized" and len(value) == cfg.service.dlq_max_bytes:
-            assert big.startswith(value)
+    originals: dict[bytes | None, bytes | None] = {}
+    for msg_key, payload in sent:
+        originals.setdefault(msg_key, payload)
+    for _part, _off, reason, dlq_value in snap.dlq_values:
+        if reason == "oversized" and len(dlq_value) == cfg.service.dlq_max_bytes:
+            assert big.startswith(dlq_value)
         else:
-            assert value in {v or b"" for v in originals.values()}
+            assert dlq_value in {v or b"" for v in originals.values()}
     # the metrics say the same
     got = {s.labels["reason"]: s.value for m in registry.collect() if m.name == "stream_anon_records_dead_lettered"
            for s in m.samples if s.name.endswith("_total")}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,7 @@ def adult_messages(adult_path: Path) -> list[InputMessage]:
     return out
 
 
-def make_pipeline(start: int = 0, released: Sequence[int] = (), horizon: int = -1, seed: int = 3,
+def make_pipeline(start: int = 0, released: Iterable[int] = (), horizon: int = -1, seed: int = 3,
                   incarnation: str = "a") -> PartitionPipeline:
     schema = adult_schema()
     engine = Engine(schema, EngineConfig(k=K, delta=DELTA, beta=10, mu=10, seed=seed))
@@ -96,7 +96,7 @@ def test_class_messages_are_k_anonymous_and_carry_fields(adult_messages: list[In
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    original = pd.DataFrame([json.loads(m.value) for m in adult_messages])
+    original = pd.DataFrame([json.loads(m.value or b"") for m in adult_messages])
     rep = verify_release_frame(df, qis, K, schema=schema, original=original, original_id="id")
     assert rep.ok, str(rep)
 
@@ -233,12 +233,12 @@ def test_dead_letters_keep_original_bytes_and_do_not_stop_the_partition(adult_me
     outs = res.outputs + p.flush(now=1.0).outputs
     dlq = [m for m in outs if m.kind == "dlq"]
     assert len(dlq) == len(bad_offsets)
-    for m in dlq:
-        h = dict(m.headers)
+    for d in dlq:
+        h = dict(d.headers)
         reason, value = bad_offsets[int(h[H_SRC_OFFSET])]
         assert h[H_REASON].decode() == reason
         original = value or b""
-        assert m.value == original[:SETTINGS.dlq_max_bytes]  # truncated beyond dlq_max_bytes, flagged
+        assert d.value == original[:SETTINGS.dlq_max_bytes]  # truncated beyond dlq_max_bytes, flagged
         assert (len(original) > SETTINGS.dlq_max_bytes) == ("dlq.original-length" in h)
     assert sorted(accounted(outs)) == list(range(off))
     assert sum(res.stats.dead_letters.values()) == len(bad_offsets)

@@ -70,12 +70,18 @@ def adult_records(adult_path: Path) -> list[dict[str, Any]]:
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes | None],
-             headers: list[list[tuple[str, bytes]]] | None = None) -> None:
+             headers: list[list[tuple[str, bytes]]] | None = None, *, end_of_stream: bool = False) -> int:
+    """Produce the messages; with ``end_of_stream`` then one flush control message to every partition."""
     p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         p.send(topic, key=k, value=v, headers=headers[i] if headers else None)
+    parts = sorted(p.partitions_for(topic))
+    if end_of_stream:
+        for part in parts:
+            p.send(topic, value=b"", partition=part, headers=[(CONTROL_HEADER, CONTROL_FLUSH)])
     p.flush()
     p.close()
+    return len(parts)
 
 
 @pytest.fixture
@@ -107,22 +113,18 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
              [json.dumps(r).encode() for r in adult_records[1500:]]
     keys: list[bytes | None] = [r["id"].encode() for r in adult_records[:1500]] + [None, None] + \
         [r["id"].encode() for r in adult_records[1500:]]
-    flush_msg = [(CONTROL_HEADER, CONTROL_FLUSH)]
-    headers: list[list[tuple[str, bytes]]] = [[] for _ in values] + [flush_msg]
-    values.append(b"")
-    keys.append(None)
     metrics = ServiceMetrics(CollectorRegistry())
     status = SideStatus()
     t0 = time.perf_counter()
-    _produce(broker.bootstrap_servers, cfg.topics.input, values, keys, headers)
+    n_parts = _produce(broker.bootstrap_servers, cfg.topics.input, values, keys, end_of_stream=True)
     running_side(cfg, metrics, status)
     deadline = time.monotonic() + 90
-    while status.processed < N_RECORDS or status.control < 1:
+    while status.processed < N_RECORDS or status.control < n_parts:
         assert status.error is None, status.error
         assert time.monotonic() < deadline, f"side paths processed only {status.processed} of {N_RECORDS}"
         time.sleep(0.1)
     elapsed = time.perf_counter() - t0
-    print(f"\nside app end to end: {N_RECORDS} records (+2 bad, 1 control) in {elapsed:.2f} s "
+    print(f"\nside app end to end: {N_RECORDS} records (+2 bad, {n_parts} control) in {elapsed:.2f} s "
           f"(incl. group join) = {N_RECORDS / elapsed:,.0f} records/s; published {status.published}")
     assert status.skipped == {"malformed_json": 1, "out_of_domain": 1} or sum(status.skipped.values()) == 2
     ids = {r["id"] for r in adult_records}
@@ -169,7 +171,7 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
         assert all(17 <= c[0] <= 90 and 1 <= c[1] <= 99 for c in k["centroids"])
     assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": cfg.topics.kmeans}) == 3.0
     assert metrics.registry.get_sample_value("stream_anon_records_consumed_total",
-                                             {"topic": f"{cfg.topics.input}#ldp"}) == N_RECORDS + 3
+                                             {"topic": f"{cfg.topics.input}#ldp"}) == N_RECORDS + 2 + n_parts
 
 
 def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: list[dict[str, Any]],
@@ -210,8 +212,8 @@ def test_side_app_throughput_on_all_of_adult(broker: Any, adult_path: Path, runn
     recs = list(iter_records(read_adult(adult_path)))
     tag = "st" + uuid.uuid4().hex[:6]
     cfg = _config(broker.bootstrap_servers, tag, SidePathConfig(truth=True, estimates_every_seconds=None))
-    _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
-             [r["id"].encode() for r in recs], [[] for _ in recs[:-1]] + [[(CONTROL_HEADER, CONTROL_FLUSH)]])
+    n_parts = _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
+                       [r["id"].encode() for r in recs], end_of_stream=True)
     metrics = ServiceMetrics(CollectorRegistry())
     status = SideStatus()
     running_side(cfg, metrics, status)
@@ -220,12 +222,12 @@ def test_side_app_throughput_on_all_of_adult(broker: Any, adult_path: Path, runn
         assert status.error is None and time.monotonic() < deadline, status.error
         time.sleep(0.01)
     t0 = time.perf_counter()
-    while status.published.get(cfg.topics.blap, 0) < len(recs) - 1 or status.control < 1 \
+    while status.published.get(cfg.topics.blap, 0) < len(recs) or status.control < n_parts \
             or status.published.get(cfg.topics.kmeans, 0) < 7:
         assert status.error is None and time.monotonic() < deadline, (status.error, status.published)
         time.sleep(0.01)
     elapsed = time.perf_counter() - t0
-    n = len(recs) - 1  # the last record carries the control header (not a record)
+    n = len(recs)
     rate = n / elapsed
     print(f"\nside app, all of ADULT through Tansu: {n} records -> {3 * n} copies + "
           f"{status.published.get(cfg.topics.estimates, 0)} estimates + {status.published[cfg.topics.kmeans]} "
@@ -234,3 +236,35 @@ def test_side_app_throughput_on_all_of_adult(broker: Any, adult_path: Path, runn
         print(f"  {key:28s} n={e['n']} SE={e['standard_error']:.5f} abs error={e['abs_error']:.5f}")
     assert rate > 2000
     assert status.processed == n
+
+
+def test_side_paths_in_a_separate_process(broker: Any, adult_records: list[dict[str, Any]]) -> None:
+    """``start_side_paths_process``: own process (no shared GIL with the main path), own metrics endpoint,
+    SIGTERM stops it cleanly (exit code 0)."""
+    import urllib.request
+
+    from stream_anon.service.broker import free_port
+    from stream_anon.service.side_app import start_side_paths_process
+
+    tag = "pp" + uuid.uuid4().hex[:6]
+    cfg = _config(broker.bootstrap_servers, tag, SidePathConfig(estimates_every=500, estimates_every_seconds=None))
+    recs = adult_records[:1000]
+    _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
+             [r["id"].encode() for r in recs])
+    port = free_port()
+    proc = start_side_paths_process(cfg, metrics_port=port)
+    try:
+        copies = _read_all(broker.bootstrap_servers, cfg.topics.krr, timeout_s=60, expect=len(recs))
+        assert {json.loads(m.value)["id"] for m in copies} == {r["id"] for r in recs}
+        deadline = time.monotonic() + 20
+        while True:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            line = f'stream_anon_side_records_published_total{{topic="{cfg.topics.krr}"}} 1000.0'
+            if line in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert line in text
+    finally:
+        proc.terminate()
+        proc.join(timeout=30)
+    assert proc.exitcode == 0

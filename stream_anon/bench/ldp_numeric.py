@@ -22,7 +22,11 @@ from stream_anon.privacy.bounded_laplace import (
     bounded_laplace_scale,
 )
 from stream_anon.privacy.dp_kmeans import QuadTreeKMeans, nicv, relative_improvement, weighted_kmeans
-from stream_anon.privacy.epsilon_selection import select_epsilon_classifier, select_epsilon_numeric
+from stream_anon.privacy.epsilon_selection import (
+    select_epsilon_categorical,
+    select_epsilon_classifier,
+    select_epsilon_numeric,
+)
 
 KMEANS_EPSILONS = (0.05, 0.1, 0.2, 0.5, 1.0)
 KMEANS_GAMMAS = (0.1, 0.3, 0.5, 0.7)
@@ -95,7 +99,7 @@ def _adult(path: str | None) -> Any:
 
 
 def _mean_estimators(df: Any, quick: bool, seed: int) -> None:
-    runs = 10 if quick else 50
+    runs = 5 if quick else 50
     print(f"## Mean estimators on ADULT ({runs} seeded runs): bias and SD of the estimate\n")
     print("| attribute | eps | boundary-corrected bias | SD | aggregate bias | SD | per-value bias | SD |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -128,6 +132,15 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
         print("```\n" + c.format_table() + "\n```\n")
         c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs, rng=seed)
         print(f"### {col}: smallest eps with |mean error| <= 0.5 (boundary-corrected mean) -> {c.selected_epsilon}\n")
+        print("```\n" + c.format_table() + "\n```\n")
+    # categorical: education, ordered by education-num (ordinal), discretized bounded Laplace vs k-RR
+    order = df.groupby("education")["education-num"].first().sort_values().index.tolist()
+    edu = df["education"].to_numpy(dtype=object)
+    for mech in ("blap", "krr"):
+        c = select_epsilon_categorical(edu, categories=order, target=0.5, mechanism=mech, grid=grid, runs=runs,
+                                       rng=seed)  # type: ignore[arg-type]
+        print(f"### education (16 ordered categories), {mech}: smallest eps with misclassification <= 0.5 -> "
+              f"{c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
     try:
         import sklearn  # noqa: F401
@@ -164,7 +177,7 @@ def _diffprivlib_kmeans() -> Any:
 
 def _kmeans(datasets: Sequence[tuple[str, np.ndarray]], k: int, runs: int, quick: bool, seed: int) -> None:
     eps_list = KMEANS_EPSILONS
-    gammas = (0.3, 0.7) if quick else KMEANS_GAMMAS
+    gammas = (0.5,) if quick else KMEANS_GAMMAS
     peer = _diffprivlib_kmeans()
     for name, X in datasets:
         t0 = time.perf_counter()
@@ -230,7 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         _speed(quick, args.seed)
     df = None
     if {"mean", "select", "kmeans"} - set(args.skip):
-        df = _adult(args.adult)
+        from stream_anon.core.datasets import DatasetError
+
+        try:
+            df = _adult(args.adult)
+        except DatasetError as e:
+            print(f"error: {e}")
+            return 2
     if "mean" not in args.skip:
         _mean_estimators(df, quick, args.seed)
     if "select" not in args.skip:

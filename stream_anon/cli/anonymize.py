@@ -74,6 +74,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
         leftover=args.leftover, delta_leftover=args.delta_leftover, l=args.l, zeta=args.zeta, max_age=args.max_age,
         adaptive_delay=args.adaptive_delay, delta_min=args.delta_min, seed=args.seed, age_weight=args.age_weight,
+        release_slack=args.release_slack,
     )
 
 
@@ -90,11 +91,11 @@ def run_engine(engine: Engine, df: pd.DataFrame) -> tuple[list[Release], float]:
     gc.collect()
     gc.freeze()  # the input records are long-lived: keep them out of the cyclic collector's scans
     t0 = time.perf_counter()
-    f, i = engine.encode_many(cols)
+    vectors = engine.encode_many(cols)
     out: list[Release] = []
     push = engine.push_encoded
-    for rec, fr, ir in zip(records, f, i, strict=True):
-        out += push(rec, fr, ir, 0.0)
+    for rec, v in zip(records, vectors, strict=True):
+        out += push(rec, v, 0.0)
     out += engine.flush(0.0)
     seconds = time.perf_counter() - t0
     gc.unfreeze()
@@ -238,6 +239,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-delay", action="store_true", help="adapt the delay within [delta-min, delta]")
     p.add_argument("--delta-min", type=int, default=None, help="lower bound of the adaptive delay")
     p.add_argument("--age-weight", type=float, default=0.5, help="UBDSA: weight of the age pressure")
+    p.add_argument("--release-slack", type=float, default=1.0,
+                   help="UBDSA: early release when loss <= tau * (1 + slack * age)")
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's random choices (default 0)")
 
 

@@ -36,6 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (written by `stream-anon demo`)")
     p.add_argument("--output", "-o", default=None, help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--png-dir", default=None, help="also save every plot as a PNG file in this directory")
+    p.add_argument("--overview-png", default=None, metavar="PATH",
+                   help="also write one PNG stacking the delay, class-size, generalization and LDP plots")
     p.add_argument("--compute-extras", action="store_true",
                    help="first compute the missing grid.json / ldp_curves.json / side_estimates.json on ADULT "
                         "(engine grid on the first --grid-records records, LDP mechanisms on the whole file)")
@@ -78,7 +80,7 @@ def run_report(args: argparse.Namespace) -> int:
                 return 2
             for path in written:
                 print(f"computed {path}")
-        out = write_report(args.run_dir, args.output, png_dir=args.png_dir)
+        out = write_report(args.run_dir, args.output, png_dir=args.png_dir, overview=args.overview_png)
     except RunDirError as e:
         print(f"stream-anon report: {e}", file=sys.stderr)
         return 2

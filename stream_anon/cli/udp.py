@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -55,6 +56,8 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"stream-anon udp-bridge: {e}", file=sys.stderr)
         return 2
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python logs every connection at INFO
     metrics = ServiceMetrics(CollectorRegistry())
     with contextlib.ExitStack() as stack:
         sink: RecordSink

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import io
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from stream_anon.report.rundir import (
     LDP_CURVES_FILE,
     SIDE_ESTIMATES_FILE,
     RunDir,
+    RunDirError,
     load_run_dir,
 )
 
@@ -242,9 +244,19 @@ def _side_section(run: RunDir) -> Section:
     return s
 
 
-def render_html(run: RunDir) -> str:
-    sections = [f(run) for f in (_summary_section, _loss_section, _delay_section, _class_section,
-                                 _generalization_section, _ldp_section, _side_section)]
+SECTION_BUILDERS: tuple[Callable[[RunDir], Section], ...] = (
+    _summary_section, _loss_section, _delay_section, _class_section, _generalization_section, _ldp_section,
+    _side_section)
+
+
+def build_sections(run: RunDir) -> list[Section]:
+    """Every section of the report, plots rendered."""
+    return [build(run) for build in SECTION_BUILDERS]
+
+
+def render_html(run: RunDir, sections: list[Section] | None = None) -> str:
+    """The report page; ``sections`` from :func:`build_sections` (built here when not given)."""
+    sections = sections if sections is not None else build_sections(run)
     toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>stream-anon report: {html.escape(run.path.name)}</title>", f"<style>{CSS}</style></head><body>",
@@ -263,28 +275,64 @@ def render_html(run: RunDir) -> str:
     return "\n".join(parts)
 
 
-def report_images(run: RunDir) -> dict[str, bytes]:
-    """Every PNG the report embeds, by section anchor (``delay``, ``delay-2``, ...)."""
+def section_images(sections: list[Section]) -> dict[str, bytes]:
+    """Every PNG of the report by name: the section anchor (``delay``), ``-2`` ... for further plots."""
     out: dict[str, bytes] = {}
-    for f in (_loss_section, _delay_section, _class_section, _generalization_section, _ldp_section, _side_section):
-        s = f(run)
+    for s in sections:
         for i, (_, png) in enumerate(s.images):
             out[s.anchor if i == 0 else f"{s.anchor}-{i + 1}"] = png
     return out
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None, *, png_dir: str | Path | None = None) -> Path:
+OVERVIEW_SECTIONS = ("delay", "classes", "generalization", "ldp")
+
+
+def overview_png(sections: list[Section], width: int = 1200) -> bytes | None:
+    """One PNG stacking the delay, class-size, generalization and LDP plots (those present): wider plots are
+    scaled down to ``width``, narrower ones centred."""
+    from PIL import Image
+
+    images = section_images(sections)
+    tiles = []
+    for name in OVERVIEW_SECTIONS:
+        if name in images:
+            img = Image.open(io.BytesIO(images[name])).convert("RGB")
+            if img.width > width:
+                img = img.resize((width, round(img.height * width / img.width)), Image.Resampling.LANCZOS)
+            tiles.append(img)
+    if not tiles:
+        return None
+    canvas = Image.new("RGB", (width, sum(t.height for t in tiles)), "white")
+    y = 0
+    for t in tiles:
+        canvas.paste(t, ((width - t.width) // 2, y))
+        y += t.height
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None, *, png_dir: str | Path | None = None,
+                 overview: str | Path | None = None) -> Path:
     """Write the HTML report of ``run_dir`` (default ``RUN_DIR/report.html``) and return its path.
 
-    ``png_dir``: also save each plot there as ``<section>.png`` (e.g. for documentation).
+    ``png_dir``: also save each plot there as ``<section>.png``; ``overview``: also write one PNG stacking the
+    main plots (:func:`overview_png`, e.g. docs/report-example.png).
     """
     run = load_run_dir(run_dir)
     out = Path(output) if output is not None else run.path / REPORT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(run), encoding="utf-8")
+    sections = build_sections(run)
+    out.write_text(render_html(run, sections), encoding="utf-8")
     if png_dir is not None:
         d = Path(png_dir)
         d.mkdir(parents=True, exist_ok=True)
-        for name, png in report_images(run).items():
+        for name, png in section_images(sections).items():
             (d / f"{name}.png").write_bytes(png)
+    if overview is not None:
+        stacked = overview_png(sections)
+        if stacked is None:
+            raise RunDirError(f"{run.path}: no plot for the overview PNG (no delays, classes, QIs or LDP curves)")
+        Path(overview).parent.mkdir(parents=True, exist_ok=True)
+        Path(overview).write_bytes(stacked)
     return out

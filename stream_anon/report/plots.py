@@ -27,7 +27,7 @@ GENERALIZATION_BANDS = ((0.0, 0.0, "exact"), (0.0, 0.1, "<= 10%"), (0.1, 0.25, "
 
 
 def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="tight")
     FigureCanvasAgg(fig)
     return fig
 
@@ -117,6 +117,8 @@ def plot_class_sizes(sizes: np.ndarray, k: int | None) -> bytes:
         bins = (np.unique(np.geomspace(1, top + 1, 60).round()) - 0.5).tolist()
         ax.set_xscale("log")
     ax.hist(sizes, bins=bins, color="C2", alpha=0.85)
+    if top <= 80:
+        ax.set_xlim(left=max(0.0, min(int(sizes.min()), k or int(sizes.min())) - 1.5))
     if k is not None:
         ax.axvline(k, label=f"k = {k}", **BOUND_STYLE)
         below = int((sizes < k).sum())

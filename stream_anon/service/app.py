@@ -112,6 +112,7 @@ class _Rebalance(ConsumerRebalanceListener):
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+        self.main.assigned.set()
 
 
 class MainPath:
@@ -126,7 +127,8 @@ class MainPath:
         self.engine_factory = engine_factory or make_engine_factory(cfg, self.schema)
         self.settings = pipeline_settings(cfg)
         self.stop_event = stop_event or threading.Event()
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # clients connected, subscribed
+        self.assigned = threading.Event()  # the group gave this member its partitions (at least once)
         self.states: dict[int, PartitionPipeline] = {}
         self.totals = MainPathTotals()
         self.highwater: dict[int, int] = {}
@@ -227,22 +229,26 @@ class MainPath:
         t0 = time.monotonic()
         released: set[int] = set()
         horizon = -1
-        read = 0
+        n_read = 0
+        reader = self._reader
         for topic in (self.cfg.topics.anon, self.cfg.topics.suppressed, self.cfg.topics.dlq):
             scan = ReadBackScan(self.cfg.topics.input, partition, first_offset)
             out_part = self._producer.partition_of_topic(topic, partition)
-            retry(f"read-back {topic}", lambda t=topic, s=scan, op=out_part: self._reader.scan(  # type: ignore[union-attr]
-                t, op, s, self.cfg.service.readback_chunk), self.cfg)
+
+            def scan_topic(t: str = topic, s: ReadBackScan = scan, op: int = out_part) -> ReadBackScan:
+                return reader.scan(t, op, s, self.cfg.service.readback_chunk)
+
+            retry(f"read-back {topic}", scan_topic, self.cfg)
             released |= scan.released
             horizon = max(horizon, scan.horizon)
-            read += scan.messages_read
+            n_read += scan.messages_read
         state = PartitionPipeline(partition, self.schema, self.engine_factory(partition), self.settings,
                                   incarnation=secrets.token_hex(3), start_offset=first_offset,
                                   already_released=released, horizon=horizon)
         self.states[partition] = state
         self.totals.recoveries += 1
         log.info("partition %d: starting at offset %d; read back %d output messages in %.2f s: %d records at or "
-                 "after it already released (will be skipped), horizon %d", partition, first_offset, read,
+                 "after it already released (will be skipped), horizon %d", partition, first_offset, n_read,
                  time.monotonic() - t0, len(released), horizon)
         return state
 
@@ -270,8 +276,8 @@ class MainPath:
             log.warning("partition %d: %d message(s) dead-lettered (%s)", partition, n, reason)
         for d in s.delays:
             m.release_delay_arrivals.observe(d)
-        for d in s.ingest_latency_seconds:
-            m.release_delay_seconds.observe(d)
+        for sec in s.ingest_latency_seconds:
+            m.release_delay_seconds.observe(sec)
         for loss in s.class_losses:
             m.class_information_loss.observe(loss)
         for size in s.class_sizes:
@@ -393,29 +399,122 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     try:
         start_metrics(cfg, registry)
         side = start_side_paths(cfg, metrics, stop_event)
-        rc = MainPath(cfg, metrics=metrics, stop_event=stop_event).run()
-        stop_event.set()
-        for th in side:
-            th.join(timeout=30)
+        try:
+            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event).run()
+        finally:
+            stop_event.set()
+            side.stop()
         return rc
     finally:
         if broker is not None:
             broker.stop()
 
 
-def start_side_paths(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> list[threading.Thread]:
-    """Start the LDP side paths (their own consumer group) in a daemon thread, if enabled and installed."""
-    if not (cfg.side_paths.enabled and cfg.service.side_paths_in_process):
-        return []
-    try:
-        from stream_anon.service import side_paths
-    except ImportError:
-        log.warning("side paths enabled but stream_anon.service.side_paths is not available; main path only")
-        return []
-    runner = getattr(side_paths, "run_side_paths", None)
-    if runner is None:
-        log.warning("stream_anon.service.side_paths has no run_side_paths(cfg, metrics, stop_event); main path only")
-        return []
-    th = threading.Thread(target=runner, args=(cfg, metrics, stop_event), name="side-paths", daemon=True)
+class SidePaths:
+    """The LDP side paths started next to the main path: a child process (default: no shared GIL, so a slow
+    side path never delays the main path) or a thread; each has its own consumer group."""
+
+    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> None:
+        self.cfg = cfg
+        self.mode = cfg.service.side_paths_mode if cfg.side_paths.enabled else "off"
+        self._thread: threading.Thread | None = None
+        self._process: Any = None
+        self._mp_stop: Any = None
+        self._queue: Any = None
+        self._summary: dict[str, Any] | None = None
+        self.status: Any = None
+        if self.mode == "off":
+            return
+        try:
+            from stream_anon.service import side_app
+        except ImportError as e:
+            log.warning("side paths enabled but not available (%s); main path only", e)
+            self.mode = "off"
+            return
+        if self.mode == "thread":
+            self.status = side_app.SideStatus()
+            self._thread = threading.Thread(target=side_app.run_side_paths, args=(cfg, metrics, stop_event),
+                                            kwargs={"status": self.status}, name="side-paths", daemon=True)
+            self._thread.start()
+        else:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            self._mp_stop = ctx.Event()
+            self._queue = ctx.Queue()
+            self._process = ctx.Process(target=_side_process_main, args=(cfg, self._mp_stop, self._queue),
+                                        name="stream-anon-side-paths", daemon=True)
+            self._process.start()
+            log.info("side paths started in process %d (metrics port %s)", self._process.pid,
+                     cfg.service.side_metrics_port or "off")
+
+    def progress(self) -> dict[str, Any] | None:
+        """Latest status summary (thread mode: live; process mode: the child's periodic reports)."""
+        if self.status is not None:
+            return dict(self.status.summary(), processed=self.status.processed)
+        if self._queue is not None:
+            import queue as queue_mod
+
+            try:
+                while True:
+                    self._summary = self._queue.get_nowait()
+            except queue_mod.Empty:
+                pass
+            except (EOFError, OSError):
+                pass
+        return self._summary
+
+    @property
+    def alive(self) -> bool:
+        if self._thread is not None:
+            return self._thread.is_alive()
+        if self._process is not None:
+            return bool(self._process.is_alive())
+        return False
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any] | None:
+        if self._mp_stop is not None:
+            self._mp_stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._process is not None:
+            deadline = time.monotonic() + timeout
+            while self._process.is_alive() and time.monotonic() < deadline:
+                self.progress()
+                time.sleep(0.05)
+            self.progress()
+            if self._process.is_alive():
+                self._process.terminate()
+            self._process.join(5)
+        return self.progress()
+
+
+def _side_process_main(cfg: Config, mp_stop: Any, queue: Any) -> None:
+    """Child process: run the side paths with their own metrics registry/endpoint; report status to ``queue``."""
+    import logging as logging_mod
+
+    from stream_anon.service.side_app import SideStatus, run_side_paths
+
+    logging_mod.basicConfig(level=logging_mod.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging_mod.getLogger("kafka").setLevel(logging_mod.WARNING)
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    if cfg.service.side_metrics_port:
+        try:
+            serve_metrics(registry, cfg.service.side_metrics_port, cfg.service.metrics_addr)
+        except OSError as e:
+            log.warning("side-path metrics endpoint not started: %s", e)
+    stop = threading.Event()
+    status = SideStatus()
+    th = threading.Thread(target=run_side_paths, args=(cfg, metrics, stop), kwargs={"status": status}, daemon=True)
     th.start()
-    return [th]
+    while th.is_alive():
+        if mp_stop.wait(0.25):
+            stop.set()
+        if queue.empty():  # the parent drains it (demo) or not (run): at most one report waits
+            queue.put(dict(status.summary(), processed=status.processed))
+    queue.put(dict(status.summary(), processed=status.processed))
+
+
+def start_side_paths(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths:
+    return SidePaths(cfg, metrics, stop_event)

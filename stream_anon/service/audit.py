@@ -99,6 +99,7 @@ def collect_outputs(bootstrap_servers: str, *, anon: str, suppressed: str, dlq: 
                     "class_id": body.get("class_id"), "class_loss": body.get("loss"),
                     "class_size": body.get("size"), "delay": r["delay"], "position_delay": r["position_delay"],
                     "release_offset": body["release_offset"], "reused": body.get("reused", False),
+                    "latency_s": r.get("latency_s"),
                 }
                 for q in qis:
                     row[q] = gen.get(q)

@@ -63,6 +63,7 @@ class KafkaSettings:
     request_timeout_ms: int = 30000
     enable_idempotence: bool = True
     max_request_size: int = 4194304
+    connect_timeout_ms: int = 5000  # one connection attempt at start
     startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
     retry_backoff_max_seconds: float = 30.0
 
@@ -138,7 +139,8 @@ class ServiceSettings:
     readback_chunk: int = 2000  # output messages read per step when recovering a partition
     metrics_port: int = 9108  # 0 = no metrics endpoint
     metrics_addr: str = "127.0.0.1"
-    side_paths_in_process: bool = True  # run/demo start the side paths as threads with their own consumer group
+    side_paths_mode: str = "process"  # process | thread | off: how run/demo start the side paths (own group)
+    side_metrics_port: int = 9109  # side-path metrics endpoint in "process" mode (0 = off)
 
 
 @dataclass
@@ -216,6 +218,8 @@ class Config:
             ("service.metrics_port", 0 <= self.service.metrics_port <= 65535, "0 (off) or a port 1-65535",
              self.service.metrics_port),
             ("topics.partitions", self.topics.partitions >= 1, "an integer >= 1", self.topics.partitions),
+            ("service.side_paths_mode", self.service.side_paths_mode in ("process", "thread", "off"),
+             "process, thread or off", self.service.side_paths_mode),
             ("kafka.max_poll_records", self.kafka.max_poll_records >= 1, "an integer >= 1",
              self.kafka.max_poll_records),
         ]

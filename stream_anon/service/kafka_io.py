@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -33,7 +33,7 @@ def client_options(cfg: Config) -> dict[str, Any]:
             "request_timeout_ms": k.request_timeout_ms, **k.security_options()}
 
 
-def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterable[float]:
+def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
     """0.5, 1, 2, 4 ... capped at ``max_seconds`` (exponential backoff)."""
     d = first
     while True:
@@ -72,7 +72,7 @@ def retry(what: str, fn: Callable[[], Any], cfg: Config, *, on_retry: Callable[[
 
 def connect_admin(cfg: Config, **kw: Any) -> KafkaAdminClient:
     def attempt() -> KafkaAdminClient:
-        admin = KafkaAdminClient(**client_options(cfg))
+        admin = KafkaAdminClient(**client_options(cfg), bootstrap_timeout_ms=cfg.kafka.connect_timeout_ms)
         admin.list_topics()
         return admin
 

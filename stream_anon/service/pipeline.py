@@ -129,6 +129,19 @@ class RecordDecoder:
         self.expected = set(schema.names) | ({schema.record_id} if schema.record_id else set())
         if schema.person_id:
             self.expected.add(schema.person_id)
+        # fast path: (name, lo, hi, integer) for numeric attributes, (name, domain) for categorical ones;
+        # any value it does not accept goes through schema.validate (exact error, or a legal conversion)
+        self._numeric: list[tuple[str, float, float, bool]] = []
+        self._categorical: list[tuple[str, frozenset[str] | None]] = []
+        for a in schema.attributes:
+            if a.kind is Kind.NUMERIC:
+                lo = -math.inf if a.lo is None else a.lo
+                hi = math.inf if a.hi is None else a.hi
+                self._numeric.append((a.name, lo, hi, a.integer))
+            else:
+                dom = a.domain_values
+                self._categorical.append((a.name, frozenset(dom) if dom else None))
+        self._rid = schema.record_id
 
     def decode(self, value: bytes | None) -> dict[str, Any] | DeadLetter:
         if value is None or len(value) == 0:
@@ -154,10 +167,43 @@ class RecordDecoder:
             extra = sorted(set(keys) - self.expected)
             return DeadLetter("extra_field", f"unexpected field(s) {extra}; the schema {self.schema.name!r} "
                                              f"has {sorted(self.expected)}", extra[0])
+        fast = self._fast_validate(obj)
+        if fast is not None:
+            return fast
         try:
             return self.schema.validate(obj)
         except SchemaError as e:
             return DeadLetter(self._classify(e), str(e), e.field)
+
+    def _fast_validate(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The common case (well-typed values inside the domain) without exceptions; None = use the slow path."""
+        if self._rid is not None:
+            rid = obj[self._rid]
+            t = type(rid)
+            if not ((t is str and rid) or t is int):
+                return None
+        for name, lo, hi, integer in self._numeric:
+            v = obj[name]
+            t = type(v)
+            if t is int:
+                if not lo <= v <= hi:
+                    return None
+                if not integer:
+                    obj[name] = float(v)
+            elif t is float:
+                if not lo <= v <= hi:  # also rejects NaN
+                    return None
+                if integer:
+                    if not v.is_integer():
+                        return None
+                    obj[name] = int(v)
+            else:
+                return None
+        for name, dom in self._categorical:
+            v = obj[name]
+            if type(v) is not str or (dom is not None and v not in dom):
+                return None
+        return obj
 
     def _classify(self, e: SchemaError) -> str:
         if e.field is None:
@@ -377,7 +423,9 @@ class PartitionPipeline:
                         entry[name] = rec[name]
                 entries.append(entry)
                 if ts is not None and now is not None:
-                    stats.ingest_latency_seconds.append(max(0.0, now - ts))
+                    lat = max(0.0, now - ts)
+                    entry["latency_s"] = round(lat, 4)
+                    stats.ingest_latency_seconds.append(lat)
             stats.delays.extend(int(d) for d in r.delays)
             stats.delays_seconds.extend(float(d) for d in r.delays_seconds)
             first = min(offsets) if offsets else trigger

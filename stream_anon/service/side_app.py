@@ -17,8 +17,9 @@ is not published: its new owner randomizes it.
 Bad input: the main path already dead-letters every bad input message, so the side path only counts and
 skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
 true`` (side paths running without a main path) dead-letters them too.  Control messages (header
-``stream-anon-control: flush``, end of stream) trigger a final round of estimates and release a partial
-k-means window (if at least ``kmeans.min_partial_window`` records).
+``stream-anon-control: flush``, end of stream, one per input partition): once every assigned partition's
+latest message is such a control, a final round of estimates is published and a partial k-means window is
+released (if it holds at least ``kmeans.min_partial_window`` records).
 
 Estimates and the k-means window live in memory: after a restart they cover the records since the restart.
 """
@@ -134,6 +135,15 @@ class SidePathApp:
         self.decoder = RecordDecoder(schema, max_bytes)
         self._consumer: Any = None
         self._producer: Any = None
+        self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
+        self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
+        self._last_flush = time.monotonic()
+        commit_ms = getattr(getattr(cfg, "service", None), "commit_interval_ms", 500)
+        self._flush_every = max(0.0, float(commit_ms) / 1000.0)
+        t = self.topics
+        self._per_record_topics = frozenset(self.processor.epsilon_per_record)
+        self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
+        self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         m = self.metrics
         self._consumed_metric = (getattr(m, "side_records_consumed", None)
                                  or m.records_consumed)  # see docs/side-paths.md: label "<input>#ldp"
@@ -231,10 +241,13 @@ class SidePathApp:
             batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
             if not batch:
                 self._publish(self.processor.poll(), 0)
+                self._flush()
                 continue
             for tp, recs in batch.items():
                 if recs:
                     self._process(tp, recs)
+            if time.monotonic() - self._last_flush >= self._flush_every:
+                self._flush()
 
     def _process(self, tp: TopicPartition, recs: Sequence[Any]) -> None:
         status, proc = self.status, self.processor
@@ -273,15 +286,26 @@ class SidePathApp:
             if records:
                 outputs.extend(proc.process_batch(records))
                 status.processed += len(records)
+            if records:
+                self._ended.discard(tp.partition)
             if flush_after:
-                outputs.extend(proc.flush())
-        if not any(flush for _, flush in segments):
-            outputs.extend(proc.poll())
+                self._ended.add(tp.partition)
+                if self._all_partitions_ended():
+                    outputs.extend(proc.flush())
+        outputs.extend(proc.poll())  # timer (nothing right after a flush: no new records since)
         if dlq:
             assert self._producer is not None
             self._producer.send(dlq)
             self.metrics_dead_lettered(dlq)
         self._publish(outputs, tp.partition)
+
+    def _all_partitions_ended(self) -> bool:
+        """True when every assigned input partition's latest message is an end-of-stream flush control."""
+        try:
+            assigned = {tp.partition for tp in self._consumer.assignment() if tp.topic == self.input_topic}
+        except Exception:  # assignment unknown (rebalancing): flush on this partition's control alone
+            assigned = set()
+        return assigned <= self._ended
 
     def metrics_dead_lettered(self, dlq: Sequence[OutputMessage]) -> None:
         for m in dlq:
@@ -304,34 +328,47 @@ class SidePathApp:
         return OutputMessage("dlq", self.topics.dlq, partition, r.key, r.value or b"", tuple(headers))
 
     def _publish(self, outputs: list[Out], partition: int) -> None:
-        status, proc = self.status, self.processor
+        """Send ``outputs`` (acknowledged at the next :meth:`_flush`, which also counts them in the metrics)."""
+        proc = self.processor
         events = proc.drain_events()
         if outputs:
             assert self._producer is not None
-            msgs = [OutputMessage(_kind(topic, self.topics), topic, partition, key.encode(), encode(_clean(msg)),
-                                  ((H_KIND, _kind(topic, self.topics).encode()),))
+            kinds = self._kinds
+            per_record = self._per_record_topics
+            msgs = [OutputMessage(kinds.get(topic, "side"), topic, partition, key.encode(),
+                                  encode(msg if topic in per_record else _clean(msg)), self._headers[topic])
                     for topic, key, msg in outputs]
             self._producer.send(msgs)
-            self._producer.flush()  # every message acknowledged (acks=all) before metrics count it
-            per_topic = observe(self.metrics, outputs, proc)
-            for topic, c in per_topic.items():
-                status.published[topic] = status.published.get(topic, 0) + c
-            for topic, _key, msg in outputs:
-                if topic == self.topics.estimates:
-                    status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
-                elif topic == self.topics.kmeans:
-                    status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
-                else:
-                    status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon_total"])
-        elif self._producer is not None and self._producer.pending:
-            self._producer.flush()
+            self._unacked.extend(outputs)
         for ev in events:
             self._on_event(ev)
-        status.kmeans_windows = proc.kmeans_windows
-        status.kmeans_refused = proc.kmeans_refused
-        status.kmeans_stopped = proc.kmeans_stopped
+        self.status.kmeans_windows = proc.kmeans_windows
+        self.status.kmeans_refused = proc.kmeans_refused
+        self.status.kmeans_stopped = proc.kmeans_stopped
         if events:
             set_budget_gauges(self.metrics, proc)
+
+    def _flush(self) -> None:
+        """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status)."""
+        self._last_flush = time.monotonic()
+        if self._producer is None or not self._unacked:
+            return
+        self._producer.flush()
+        outputs, self._unacked = self._unacked, []
+        status = self.status
+        per_topic = observe(self.metrics, outputs, self.processor)
+        for topic, c in per_topic.items():
+            status.published[topic] = status.published.get(topic, 0) + c
+        t = self.topics
+        for topic, _key, msg in outputs:
+            if topic == t.estimates:
+                status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
+            elif topic == t.kmeans:
+                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
+        for topic in self._per_record_topics:
+            if topic in per_topic:
+                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + \
+                    per_topic[topic] * self.processor.epsilon_per_record[topic]
 
     def _on_event(self, ev: SideEvent) -> None:
         refused = getattr(self.metrics, "side_outputs_refused", None)
@@ -347,6 +384,7 @@ class SidePathApp:
         try:
             if self._producer is not None and self._consumer is not None and self.status.ready.is_set():
                 self._publish(self.processor.flush(partial_kmeans=False), 0)  # final estimates, no budget spent
+                self._flush()
         except Exception as e:  # broker gone at shutdown: the estimates are recomputed next time
             log.warning("side paths: final estimates not published: %r", e)
         for client in (self._consumer, getattr(self._producer, "producer", None)):
@@ -357,13 +395,6 @@ class SidePathApp:
                     log.debug("close failed: %r", e)
         self.status.finished.set()
         log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
-
-
-def _kind(topic: str, topics: SideTopics) -> str:
-    for name in ("krr", "rs", "blap", "estimates", "kmeans"):
-        if getattr(topics, name) == topic:
-            return name
-    return "side"
 
 
 def _clean(obj: Any) -> Any:
@@ -410,3 +441,44 @@ def run_side_paths(cfg: Any, metrics: ServiceMetrics | None = None, stop_event: 
     rc = app.run()
     log.debug("side paths ran %.1f s", time.monotonic() - t0)
     return rc
+
+
+def _side_process_main(cfg: Any, metrics_port: int | None, metrics_addr: str, log_level: int) -> None:
+    """Entry point of the side-path process: own registry (and endpoint), SIGTERM/SIGINT stop it gracefully."""
+    import signal
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    if metrics_port:
+        from stream_anon.service.metrics import serve_metrics
+
+        serve_metrics(registry, metrics_port, metrics_addr)
+        log.info("side paths: metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("side paths: signal %d, stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    raise SystemExit(run_side_paths(cfg, metrics, stop))
+
+
+def start_side_paths_process(cfg: Any, *, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1"
+                             ) -> Any:
+    """Start the side paths in a separate process (``multiprocessing`` spawn) and return it.
+
+    A thread in the service process shares the GIL with the main path; a process does not, so a busy side path
+    cannot slow the main path down.  The process has its own Prometheus registry: give it its own
+    ``metrics_port`` (None = no endpoint).  Stop it with ``process.terminate()`` (SIGTERM: final estimates are
+    published, clients closed) and ``process.join()``; exit code as :func:`run_side_paths`.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_side_process_main, args=(cfg, metrics_port, metrics_addr, logging.getLogger().level),
+                       name="stream-anon-side-paths", daemon=True)
+    proc.start()
+    return proc

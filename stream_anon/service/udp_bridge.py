@@ -381,7 +381,7 @@ class UdpBridge:
             self.sink.send(str(rid).encode("utf-8"), self._record_bytes(data, msg, record))
 
     @staticmethod
-    def _record_bytes(data: bytes, msg: dict[str, Any], record: dict[str, Any]) -> bytes:
+    def _record_bytes(data: bytes, msg: dict[str, Any], record: Any) -> bytes:
         """The record's JSON: sliced from the datagram in the sender's exact layout, else re-encoded.
 
         Slicing is safe only when nothing nested precedes ``"record"``: keys exactly (stream, seq, record)

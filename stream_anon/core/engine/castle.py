@@ -85,8 +85,8 @@ class Engine:
         self.ring = config.delta + extra + 2
         self.j = self.enc.j
         self.V = np.zeros((self.ring, self.enc.width))  # layout vectors of buffered records (by ring slot)
-        self.slot_cluster = np.full(self.ring, _FREE, dtype=np.int64)
-        self.slot_pos = np.full(self.ring, -1, dtype=np.int64)
+        self.slot_cluster: list[int] = [_FREE] * self.ring  # cluster id, _FREE or _LEFTOVER
+        self.slot_pos: list[int] = [-1] * self.ring  # arrival position of the record in the slot
         self.slot_record: list[Mapping[str, Any] | None] = [None] * self.ring
         self.slot_time: list[float] = [0.0] * self.ring
         self.slot_pid: list[Any] = [None] * self.ring
@@ -117,6 +117,8 @@ class Engine:
         self._now = 0.0
         self._age_coef = np.zeros(self.gamma.capacity)
         self._age_weight = self.policy.age_weight
+        self._early_release = self.policy.early_release
+        self._release_slack = self.policy.release_slack
         self._beta = config.beta
         self._score_table = self.enc.score_table
         self._q = self.enc.q
@@ -177,8 +179,11 @@ class Engine:
         if c < 0:
             self._new_cluster(s)
         else:
-            if self.policy.early_release and self._releasable(c) and self.gamma.lsum[c] <= self.tau_sum:
-                self._output_cluster(c)
+            if self._early_release and self._releasable(c):
+                g = self.gamma
+                age = (p - int(g.oldest[c])) / self.delta_eff
+                if g.lsum[c] <= self.tau_sum * (1.0 + self._release_slack * age):
+                    self._output_cluster(c)
         # delay constraint (position based), then the optional wall-clock bound
         limit = p - self.delta_eff
         while self.next_expire <= limit:
@@ -305,13 +310,14 @@ class Engine:
     def _delay_constraint(self, s: int) -> None:
         """CASTLE's delay_constraint for the expiring record in slot s."""
         g = self.gamma
-        c = int(self.slot_cluster[s])
+        c = self.slot_cluster[s]
         if self._releasable(c):
             self._output_cluster(c)
             return
         if self._try_reuse(s):
             return
-        m = int(np.count_nonzero(g.size > g.size[c]))
+        own = g.size[c]
+        m = sum(1 for x in g.size if x > own)  # free slots have size 0
         distinct = len(self.gamma_pids) if self.person_id is not None else self.gamma_records
         if (m > g.n_active / 2 or distinct < self.k
                 or (self.use_l and len(self.gamma_sens) < self.l)):  # type: ignore[operator]
@@ -338,7 +344,7 @@ class Engine:
         self._out.append(Release(
             class_id=class_id, kind="class", generalized=generalized,
             record_ids=(self._rid(s),), records=(self.slot_record[s],),  # type: ignore[arg-type]
-            delays=(self.p - int(self.slot_pos[s]),), delays_seconds=(self._now - self.slot_time[s],),
+            delays=(self.p - self.slot_pos[s],), delays_seconds=(self._now - self.slot_time[s],),
             loss=loss, size=size, reused=True, leftover=leftover))
         self.records_released += 1
         self._free_slot(s)
@@ -352,7 +358,7 @@ class Engine:
     def _detach(self, s: int) -> None:
         """Remove record s from its open cluster, recomputing the cluster's bounds."""
         g = self.gamma
-        c = int(self.slot_cluster[s])
+        c = self.slot_cluster[s]
         g.members[c].remove(s)
         g.n[c] -= 1
         self.slot_cluster[s] = _FREE
@@ -388,7 +394,7 @@ class Engine:
         idx = np.array(g.members[c])
         g.box[c] = self.V[idx].min(axis=0)
         g.lsum[c] = float(self.enc.score_rows(g.box[c]))
-        g.oldest[c] = int(self.slot_pos[idx].min())
+        g.oldest[c] = min(self.slot_pos[t] for t in g.members[c])
         g.set_weights(c)
         if self.policy.age_weight > 0.0:
             self._set_age_coef(c)
@@ -412,7 +418,7 @@ class Engine:
         self._out.append(Release(
             class_id=f"{self.class_id_prefix}s{self.n_suppressed_ids}", kind="suppressed", generalized={},
             record_ids=(self._rid(s),), records=(self.slot_record[s],),  # type: ignore[arg-type]
-            delays=(self.p - int(self.slot_pos[s]),), delays_seconds=(self._now - self.slot_time[s],),
+            delays=(self.p - self.slot_pos[s],), delays_seconds=(self._now - self.slot_time[s],),
             loss=1.0, size=1, reused=False, leftover=leftover))
         self.records_suppressed += 1
         self._free_slot(s)
@@ -433,8 +439,8 @@ class Engine:
         while not self._releasable(c):
             u = np.minimum(g.box, g.box[c])
             ls = enc.score_rows(u)
-            if g.weighted:
-                e = (g.n + g.n[c]) * ls - g.n * g.lsum - g.n[c] * g.lsum[c]
+            if g.weighted:  # wnew - 1 = |C'| and base = |C'| L(C') on open clusters; base = -inf on free ones
+                e = (g.wnew + (g.n[c] - 1)) * ls - g.base - g.base[c]
             else:
                 e = ls - g.lsum[c]
             e[~g.active] = np.inf
@@ -495,9 +501,7 @@ class Engine:
         idx = np.fromiter(grp, dtype=np.int64, count=len(grp))
         enc = self.enc
         box = self.V[idx].min(axis=0)
-        gt, score = enc.losses_of_box(box)
-        loss = float(gt.sum()) / self.j
-        generalized = enc.labels_of_box(box)
+        generalized, loss, score, nodes = enc.describe(box)
         self.n_classes += 1
         class_id = f"{self.class_id_prefix}c{self.n_classes}"
         if self.person_id is not None:
@@ -505,18 +509,23 @@ class Engine:
         else:
             size = len(grp)
         p, now = self.p, self._now
-        positions = self.slot_pos[idx]
+        sp, sr, st, sc = self.slot_pos, self.slot_record, self.slot_time, self.slot_cluster
+        records = tuple(sr[s] for s in grp)
+        rid = self.record_id
         rel = Release(
             class_id=class_id, kind="class", generalized=generalized,
-            record_ids=tuple(self._rid(s) for s in grp),
-            records=tuple(self.slot_record[s] for s in grp),  # type: ignore[misc]
-            delays=tuple((p - positions).tolist()),
-            delays_seconds=tuple(now - self.slot_time[s] for s in grp),
+            record_ids=tuple(r[rid] for r in records),  # type: ignore[index]
+            records=records,  # type: ignore[arg-type]
+            delays=tuple(p - sp[s] for s in grp),
+            delays_seconds=tuple(now - st[s] for s in grp),
             loss=loss, size=size, reused=False, leftover=leftover)
         self._out.append(rel)
-        self.records_released += len(grp)
+        n = len(grp)
+        self.records_released += n
+        self.n_buffered -= n
         for s in grp:
-            self._free_slot(s)
+            sc[s] = _FREE
+            sr[s] = None
         if not castle:
             return
         rl = self.recent_losses
@@ -524,7 +533,7 @@ class Engine:
         self.tau_sum = sum(rl) / len(rl)
         self.tau = self.tau_sum / self.j
         if score < self.tau_sum:
-            self.omega.add(enc.cover_box(box), p, (class_id, generalized, loss, size))
+            self.omega.add(enc.cover_of(box, nodes), p, (class_id, generalized, loss, size))
         if self.config.adaptive_delay:
             self._adapt_delay(tuple(generalized.values()))
 
@@ -582,17 +591,42 @@ class Engine:
                            dtype=np.int64, count=len(units))
 
     def _split_knn(self, units: list[list[int]]) -> list[list[int]]:
+        """CASTLE's KNN split: while >= k units remain, a random unit seeds a group with its k-1 nearest units
+        (distance: scoring loss of the 2-record box; a unit is represented by a random one of its records; a
+        unit, i.e. all records of one individual, moves as a whole); the remaining < k units join the group
+        they enlarge least."""
         k = self.k
         enc = self.enc
         rng = self.rng
+        V = self.V
         groups: list[list[int]] = []
+        if all(len(u) == 1 for u in units):  # no person id: units are single records, stay in arrays
+            rem = np.fromiter((u[0] for u in units), dtype=np.int64, count=len(units))
+            while len(rem) >= k:
+                i = int(rng.integers(len(rem)))
+                t = int(rem[i])
+                rem[i] = rem[-1]
+                rem = rem[:-1]
+                if len(rem) > k - 1:
+                    d = enc.score_rows(np.minimum(V[rem], V[t]))
+                    nn = np.argpartition(d, k - 2)[: k - 1]
+                    groups.append([t, *rem[nn].tolist()])
+                    keep = np.ones(len(rem), dtype=bool)
+                    keep[nn] = False
+                    rem = rem[keep]
+                else:
+                    groups.append([t, *rem.tolist()])
+                    rem = rem[:0]
+            if groups and len(rem):
+                self._assign_rest(groups, [[int(x)] for x in rem])
+            return groups
         units = list(units)
         while len(units) >= k:
             i = int(rng.integers(len(units)))
             seed_unit = units.pop(i)
             t = seed_unit[0] if len(seed_unit) == 1 else seed_unit[int(rng.integers(len(seed_unit)))]
             reps = self._reps(units)
-            d = enc.score_rows(np.minimum(self.V[reps], self.V[t]))
+            d = enc.score_rows(np.minimum(V[reps], V[t]))
             nn = np.argpartition(d, k - 2)[: k - 1] if len(units) > k - 1 else np.arange(len(units))
             chosen = set(nn.tolist())
             grp = list(seed_unit)

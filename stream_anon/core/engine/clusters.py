@@ -77,6 +77,27 @@ class QIEncoder:
             q[self.j + jn + c, 1 + c] = -1.0
         self.q = q
         self.ones_c = np.ones(jc)
+        # per-node Python tables for describing one released box without numpy scalar access
+        self._lca = [h.lca.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
+        self._node_label = [h.node_labels for h in self.hierarchies]  # type: ignore[union-attr]
+        self._node_lo = [h.node_leaf_lo.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
+        self._node_hi = [h.node_leaf_hi.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
+        self._node_gt = []
+        self._node_score = []
+        for h in self.hierarchies:
+            assert h is not None
+            mm = h.n_leaves
+            cnt = h.node_leaf_counts()
+            gt_node = ((cnt - 1) / (mm - 1)).tolist() if mm > 1 else [0.0] * len(cnt)
+            cail_node = [0.0 if n < mm else float(cnt[n]) / mm for n in range(len(cnt))]
+            self._node_gt.append(gt_node)
+            self._node_score.append(cail_node if score == "ubdsa" else gt_node)
+        self._inv = self.num_inv_range.tolist()
+        self._offsets = self.offsets.tolist()
+        self._m = self.m.tolist()
+        self._num_names = [a.name for a in self.numeric]
+        self._num_integer = [a.integer for a in self.numeric]
+        self._cat_names = [a.name for a in self.categorical]
 
     # ------------------------------------------------------------------ encoding
     def encode(self, record: Mapping[str, Any]) -> np.ndarray:
@@ -145,6 +166,41 @@ class QIEncoder:
             out[a.name] = a.hierarchy.label_of_range(clo_l[t], chi_l[t])  # type: ignore[union-attr]
         return out
 
+    def describe(self, box: np.ndarray) -> tuple[dict[str, str], float, float, list[int]]:
+        """One released box -> (released strings, per-record loss mean_a l_a, scoring loss summed over QIs,
+        LCA node per categorical QI).  Pure Python on ``box.tolist()`` (called once per released class)."""
+        b = box.tolist()
+        jn, j = self.jn, self.j
+        gen: dict[str, str] = {}
+        gt_sum = 0.0
+        for t in range(jn):
+            lo, hi = b[t], -b[j + t]
+            gt_sum += (hi - lo) * self._inv[t]
+            if self._num_integer[t]:
+                gen[self._num_names[t]] = f"[{int(lo)}-{int(hi)}]"  # == format_interval for integers
+            else:
+                gen[self._num_names[t]] = format_interval(lo, hi)
+        sc_sum = gt_sum
+        nodes: list[int] = []
+        for t in range(self.jc):
+            clo = int(b[jn + t] - self._offsets[t]) // self._m[t]
+            chi = int(-b[j + jn + t])
+            node = self._lca[t][clo][chi]
+            nodes.append(node)
+            gen[self._cat_names[t]] = self._node_label[t][node]
+            gt_sum += self._node_gt[t][node]
+            sc_sum += self._node_score[t][node]
+        return gen, gt_sum / j, sc_sum, nodes
+
+    def cover_of(self, box: np.ndarray, nodes: list[int]) -> np.ndarray:
+        """The released generalization as a box (categorical ranges widened to the LCA node's leaf range)."""
+        out = box.copy()
+        jn, j = self.jn, self.j
+        for t, node in enumerate(nodes):
+            out[jn + t] = self._offsets[t] + self._node_lo[t][node] * self._m[t]
+            out[j + jn + t] = -self._node_hi[t][node]
+        return out
+
     def cover_box(self, box: np.ndarray) -> np.ndarray:
         """The released generalization as a box: categorical ranges widened to the LCA node's full leaf range
         (a record is covered by the release iff ``cover_box <= v``)."""
@@ -173,8 +229,8 @@ class ClusterStore:
         self.weighted = weighted
         self.box = np.full((capacity, width), np.inf)
         self.lsum = np.zeros(capacity)
-        self.n = np.zeros(capacity, dtype=np.int64)
-        self.size = np.zeros(capacity, dtype=np.int64)
+        self.n: list[int] = [0] * capacity  # records (Python ints: scalar access is the hot path)
+        self.size: list[int] = [0] * capacity  # distinct individuals
         self.oldest = np.zeros(capacity, dtype=np.int64)
         self.wnew = np.ones(capacity)
         self.base = np.full(capacity, -np.inf)
@@ -186,7 +242,7 @@ class ClusterStore:
         self.n_active = 0
 
     def set_weights(self, c: int) -> None:
-        n = int(self.n[c])
+        n = self.n[c]
         if self.weighted:
             self.wnew[c] = n + 1
             self.base[c] = n * self.lsum[c]

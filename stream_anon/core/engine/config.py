@@ -63,6 +63,8 @@ class EngineConfig:
         delta_min: lower end of the adaptive delay (default: max(k, delta // 4)).
         seed: seed of the engine's generator (random choices of CASTLE); None: OS entropy.
         age_weight: UBDSA only: weight of the age pressure in the cluster-choice score (per-record loss units).
+        release_slack: UBDSA only: a k-anonymous cluster is released early when its loss is at most
+            tau * (1 + release_slack * age), age = (p - its oldest arrival) / delta in [0, 1].
     """
 
     k: int
@@ -81,6 +83,7 @@ class EngineConfig:
     delta_min: int | None = None
     seed: int | None = 0
     age_weight: float = 0.5
+    release_slack: float = 1.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -116,6 +119,10 @@ class EngineConfig:
         if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w >= 0):
             raise EngineConfigError("age_weight", "a finite number >= 0", w)
         set_(self, "age_weight", float(w))
+        r = self.release_slack
+        if isinstance(r, bool) or not isinstance(r, int | float) or not (math.isfinite(r) and r >= 0):
+            raise EngineConfigError("release_slack", "a finite number >= 0", r)
+        set_(self, "release_slack", float(r))
 
     @property
     def effective_delta_leftover(self) -> int:

@@ -1,0 +1,312 @@
+"""``stream-anon demo``: embedded broker, the service (main path + side paths, in threads of this process,
+each with its own consumer group), ADULT replayed into ``adult.raw``, then a verified summary.
+
+Data: ``--adult PATH`` / ``$STREAM_ANON_ADULT``; else the UCI file is downloaded (sha256-checked against
+``datasets.ADULT_SHA256``) into ``~/.cache/stream-anon``; offline, the synthetic ADULT-shaped generator of
+``replay_tools.synthetic`` is used and the summary says so.
+
+The run directory (``--run-dir``, default ``runs/demo-<timestamp>``) receives ``summary.json``,
+``released.csv`` (the ``anonymize --output`` layout: record_id, class_id, QIs..., sensitive) and
+``config.json`` (passwords redacted); ``stream-anon report RUN_DIR`` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from kafka import KafkaProducer
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.datasets import ADULT_ENV, ADULT_SHA256, ADULT_URL, iter_records, read_adult, sha256_of
+from stream_anon.service.app import MainPath, SidePaths, load_schema, start_metrics
+from stream_anon.service.audit import collect_outputs, send_flush_markers
+from stream_anon.service.config import Config
+from stream_anon.service.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stream-anon"
+
+
+def obtain_records(adult: str | None, *, records: int | None, synthetic: bool, download: bool,
+                   seed: int | None) -> tuple[list[dict[str, Any]], str, pd.DataFrame | None]:
+    """(records, description of the source, original frame for the coverage check or None)."""
+    path = adult or os.environ.get(ADULT_ENV)
+    if not synthetic and not path:
+        cached = CACHE_DIR / "adult.data"
+        if cached.is_file() and sha256_of(cached) == ADULT_SHA256:
+            path = str(cached)
+        elif download:
+            try:
+                path = str(download_adult(cached))
+            except OSError as e:
+                print(f"demo: no ADULT file (--adult / ${ADULT_ENV}) and the download from {ADULT_URL} failed "
+                      f"({e}); falling back to SYNTHETIC ADULT-shaped records", file=sys.stderr)
+                synthetic = True
+        else:
+            print(f"demo: no ADULT file (--adult / ${ADULT_ENV}) and --no-download: using SYNTHETIC records",
+                  file=sys.stderr)
+            synthetic = True
+    if synthetic or not path:
+        from replay_tools.synthetic import synthetic_adult_records
+
+        n = records or 32561
+        recs = list(synthetic_adult_records(n, rng=seed if seed is not None else 0))
+        return recs, f"SYNTHETIC ADULT-shaped records ({n:,}, independent marginals of ADULT; not real data)", None
+    df = read_adult(path)
+    if records is not None:
+        df = df.iloc[:records]
+    return list(iter_records(df)), f"UCI ADULT {path} ({len(df):,} records)", df
+
+
+def download_adult(target: Path, timeout_s: float = 20.0) -> Path:
+    """Download the UCI ADULT file and check its sha256 (raises OSError on any failure)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".part")
+    print(f"demo: downloading ADULT from {ADULT_URL} ...", file=sys.stderr)
+    with urllib.request.urlopen(ADULT_URL, timeout=timeout_s) as resp, open(tmp, "wb") as f:  # noqa: S310
+        f.write(resp.read())
+    digest = sha256_of(tmp)
+    if digest != ADULT_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"sha256 mismatch: got {digest}, expected {ADULT_SHA256}")
+    tmp.replace(target)
+    return target
+
+
+def _percentiles(values: pd.Series) -> dict[str, float | None]:
+    v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
+    if v.size == 0:
+        return {"p50": None, "p99": None, "max": None, "mean": None}
+    return {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)), "max": float(v.max()),
+            "mean": float(v.mean())}
+
+
+def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = None, rate: float = 0.0,
+             run_dir: str | None = None, synthetic: bool = False, download: bool = True, timeout: float = 600.0,
+             stop_event: threading.Event | None = None, progress: bool = True) -> int:
+    from replay_tools.kafka_replay import replay_records
+    from stream_anon.service.broker import EmbeddedBroker
+
+    t_start = time.monotonic()
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
+    stop_event = stop_event or threading.Event()
+    out_dir = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recs, source, original = obtain_records(adult, records=records, synthetic=synthetic, download=download,
+                                            seed=cfg.anonymization.seed)
+    n = len(recs)
+    print(f"demo: data: {source}", file=sys.stderr)
+    broker: EmbeddedBroker | None = None
+    if not cfg.kafka.bootstrap_servers:
+        broker = EmbeddedBroker(log_path=out_dir / "tansu.log").start()
+        cfg.kafka.bootstrap_servers = broker.bootstrap_servers
+        cfg.kafka.session_timeout_ms = min(cfg.kafka.session_timeout_ms, 6000)  # fast group join (half of it)
+        print(f"demo: embedded Tansu broker on {broker.bootstrap_servers}", file=sys.stderr)
+    bs = cfg.kafka.bootstrap_servers
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    try:
+        try:
+            start_metrics(cfg, registry)
+            if cfg.service.metrics_port:
+                print(f"demo: metrics on http://{cfg.service.metrics_addr}:{cfg.service.metrics_port}/metrics",
+                      file=sys.stderr)
+        except OSError as e:
+            print(f"demo: metrics endpoint not started ({e}); continuing without it", file=sys.stderr)
+        schema = load_schema(cfg)
+        main = MainPath(cfg, metrics=metrics, schema=schema, stop_event=stop_event)
+        main_thread = threading.Thread(target=main.run, name="main-path", daemon=True)
+        main_thread.start()
+        side = _start_side(cfg, metrics, stop_event)
+        if not main.ready.wait(120):
+            print("demo: the main path did not start (broker unreachable?)", file=sys.stderr)
+            return 1
+        # replay in a thread; this thread draws the progress bar
+        replay_stats: dict[str, Any] = {}
+
+        def replay() -> None:
+            st = replay_records(recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions,
+                                producer_config={**cfg.kafka.security_options()})
+            p = KafkaProducer(bootstrap_servers=bs, **cfg.kafka.security_options())
+            send_flush_markers(p, cfg.topics.input, sorted(st.partition_counts) or [0])
+            p.close()
+            replay_stats["stats"] = st
+
+        t_replay = time.monotonic()
+        rt = threading.Thread(target=replay, name="replay", daemon=True)
+        rt.start()
+        t = main.totals
+        deadline = time.monotonic() + timeout
+        last_draw = 0.0
+        while True:
+            done = t.released + t.suppressed + t.dead_lettered
+            side_now = side.progress() if side is not None else None
+            side_done = side is None or not side.alive or (
+                side_now is not None and side_now["processed"] + sum(side_now.get("skipped", {}).values()) >= n)
+            if progress and time.monotonic() - last_draw > 0.2:
+                last_draw = time.monotonic()
+                _draw(done, n, t, side_now, time.monotonic() - t_replay)
+            if done >= n and side_done and "stats" in replay_stats:
+                break
+            if stop_event.is_set() or time.monotonic() > deadline or not main_thread.is_alive():
+                print(f"\ndemo: stopped before every record was released ({done:,}/{n:,})", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        seconds_to_release = time.monotonic() - t_replay
+        if progress:
+            _draw(t.released + t.suppressed + t.dead_lettered, n, t, side_now, seconds_to_release)
+            print(file=sys.stderr)
+        time.sleep(cfg.service.commit_interval_ms / 1000.0 + 0.2)  # let the last watermark commit
+        stop_event.set()
+        side_summary = (side.stop() or {}) if side is not None else {}
+        main_thread.join(30)
+        summary = _summarize(cfg, schema, bs, n, source, original, out_dir, main, side_summary,
+                             replay_stats["stats"], seconds_to_release, time.monotonic() - t_start)
+    finally:
+        stop_event.set()
+        if broker is not None:
+            broker.stop()
+    _print_summary(summary, out_dir)
+    return 0 if summary["k_anonymity"]["verified"] and summary["records_unaccounted"] == 0 else 1
+
+
+def _start_side(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths | None:
+    if not cfg.side_paths.enabled or cfg.service.side_paths_mode == "off":
+        return None
+    cfg.side_paths.truth = True  # exact statistics beside the estimates, to print estimate errors (demo only)
+    side = SidePaths(cfg, metrics, stop_event)
+    return side if side.mode != "off" else None
+
+
+def _draw(done: int, n: int, t: Any, side: Any, elapsed: float) -> None:
+    width = 30
+    frac = min(done / n, 1.0) if n else 1.0
+    bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+    side_txt = f" | side {side['processed']:,}" if side is not None else ""
+    sys.stderr.write(f"\rreleased [{bar}] {done:,}/{n:,} {frac:4.0%} (anon {t.released:,}, suppressed "
+                     f"{t.suppressed:,}, dlq {t.dead_lettered:,}){side_txt} {elapsed:5.1f} s ")
+    sys.stderr.flush()
+
+
+def _summarize(cfg: Config, schema: Any, bs: str, n: int, source: str, original: pd.DataFrame | None,
+               out_dir: Path, main: MainPath, side: dict[str, Any], replay: Any, seconds_to_release: float,
+               seconds_total: float) -> dict[str, Any]:
+    from stream_anon.core.loss import summarize_release_frame
+    from stream_anon.core.verify import verify_release_frame
+
+    qis = [a.name for a in schema.qis]
+    sens = [a.name for a in schema.sensitive]
+    snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
+                           qis=qis, sensitive=sens, client_options=cfg.kafka.security_options())
+    df = snap.records
+    released = df[df.outcome == "released"] if len(df) else df
+    n_supp = int((df.outcome == "suppressed").sum()) if len(df) else 0
+    n_dlq = int((df.outcome == "dlq").sum()) if len(df) else 0
+    table = released[["record_id", "class_id", *qis, *sens]].astype({"record_id": str, "class_id": str})
+    table.to_csv(out_dir / "released.csv", index=False)
+    loss = summarize_release_frame(table, schema, cfg.anonymization.k, records_suppressed=n_supp)
+    rep = verify_release_frame(table, qis, cfg.anonymization.k, cfg.anonymization.l, sens[0] if sens else None,
+                               schema=schema, original=original, original_id="id")
+    accounted_ids = df.record_id.astype(str) if len(df) else pd.Series([], dtype=str)
+    duplicates = int(accounted_ids.duplicated().sum())
+    summary: dict[str, Any] = {
+        "data_source": source,
+        "synthetic": original is None,
+        "bootstrap_servers": bs,
+        "parameters": {"k": cfg.anonymization.k, "delta": cfg.anonymization.delta, "beta": cfg.anonymization.beta,
+                       "mu": cfg.anonymization.mu, "algorithm": cfg.anonymization.algorithm,
+                       "loss": cfg.anonymization.loss, "leftover": cfg.anonymization.leftover,
+                       "l": cfg.anonymization.l, "partitions": replay.partitions},
+        "records_in": n,
+        "records_replayed": replay.records_acked,
+        "records_released": int(len(released)),
+        "records_suppressed": n_supp,
+        "records_dead_lettered": n_dlq,
+        "records_unaccounted": n - int(accounted_ids.nunique()) if len(df) else n,
+        "records_duplicated": duplicates,
+        "classes": int(released.class_id.nunique()) if len(released) else 0,
+        "loss": loss.as_dict(),
+        "gt_loss": float(loss.gt_loss),
+        "lm_loss": float(loss.lm_loss),
+        "lm_loss_normalized": float(loss.lm_loss_normalized),
+        "delay_arrivals": _percentiles(df["delay"]) if len(df) else {},
+        "delay_positions": _percentiles(df["position_delay"]) if len(df) else {},
+        "latency_seconds": _percentiles(df["latency_s"]) if "latency_s" in df else {},
+        "k_anonymity": {"verified": bool(rep.ok), "violations": rep.violations[:20], "classes": rep.classes,
+                        "min_class_size": rep.min_class_size, "coverage_checked": original is not None},
+        "side_paths": side,
+        "replay_records_per_second": replay.rate_achieved,
+        "seconds_replay_to_all_released": seconds_to_release,
+        "seconds_total": seconds_total,
+        "records_per_second_end_to_end": n / seconds_to_release if seconds_to_release > 0 else None,
+        "topics": {"input": cfg.topics.input, **cfg.topics.outputs(), **cfg.topics.side()},
+        "files": {"released_csv": "released.csv", "config": "config.json"},
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    (out_dir / "config.json").write_text(json.dumps(cfg.redacted(), indent=2, default=str))
+    return summary
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    return str(o)
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
+    p = s["parameters"]
+    d, pd_, lat = s["delay_arrivals"], s["delay_positions"], s["latency_seconds"]
+    lines = [
+        "",
+        "stream-anon demo summary",
+        f"  data:        {s['data_source']}",
+        f"  parameters:  k={p['k']} delta={p['delta']} beta={p['beta']} mu={p['mu']} {p['algorithm']}/{p['loss']}"
+        f" leftover={p['leftover']} partitions={p['partitions']}",
+        f"  records:     in {s['records_in']:,}  released {s['records_released']:,}  suppressed "
+        f"{s['records_suppressed']:,}  dead-lettered {s['records_dead_lettered']:,}  unaccounted "
+        f"{s['records_unaccounted']:,}  duplicated {s['records_duplicated']:,}",
+        f"  classes:     {s['classes']:,} (min size {s['k_anonymity']['min_class_size']}); k-anonymity "
+        f"{'VERIFIED' if s['k_anonymity']['verified'] else 'VIOLATED'} by the independent checker"
+        f"{' (with coverage of the originals)' if s['k_anonymity']['coverage_checked'] else ''}",
+        f"  loss:        GT {s['gt_loss']:.4f}  LM {s['lm_loss']:.3f} ({s['lm_loss_normalized']:.4f} per QI)",
+        f"  delay:       arrivals p50 {_fmt(d.get('p50'), 0)} p99 {_fmt(d.get('p99'), 0)} max {_fmt(d.get('max'), 0)}"
+        f" (partition positions max {_fmt(pd_.get('max'), 0)}); ingest-to-release seconds p50 "
+        f"{_fmt(lat.get('p50'), 3)} p99 {_fmt(lat.get('p99'), 3)} max {_fmt(lat.get('max'), 3)}",
+        f"  speed:       {s['records_in']:,} records replayed and released in {s['seconds_replay_to_all_released']:.1f} s"
+        f" ({_fmt(s['records_per_second_end_to_end'], 0)} rec/s end to end); total {s['seconds_total']:.1f} s",
+    ]
+    side = s.get("side_paths") or {}
+    if side:
+        eps = side.get("epsilon_per_record", {})
+        pubs = side.get("published", {})
+        lines.append("  side paths (local DP, independent consumer group):")
+        for topic, e in eps.items():
+            lines.append(f"    {topic:<18} eps per record {e:.3f}  messages {pubs.get(topic, 0):,}  "
+                         f"eps spent (sum) {side.get('epsilon_spent', {}).get(topic, 0.0):,.1f}")
+        for name, est in sorted(side.get("estimates", {}).items()):
+            err = est.get("abs_error")
+            se = est.get("standard_error")
+            lines.append(f"    estimate {name:<28} abs error {_fmt(err, 4)}  std error {_fmt(se, 4)}")
+        if side.get("kmeans_windows"):
+            lines.append(f"    k-means windows released: {side['kmeans_windows']}")
+        if side.get("error"):
+            lines.append(f"    side-path error: {side['error']}")
+    lines.append(f"  run directory: {out_dir}  (summary.json, released.csv; `stream-anon report {out_dir}`)")
+    print("\n".join(lines))

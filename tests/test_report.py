@@ -1,0 +1,181 @@
+"""`stream-anon report`: a run directory from the real engine on an ADULT slice -> HTML with PNG plots.
+
+The images are decoded (Pillow, matplotlib's own dependency) and checked for size and content; missing
+optional inputs produce a note in their section instead of a failure; malformed inputs name the file and field.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from stream_anon.cli import main as cli_main
+from stream_anon.core.schema import adult_schema
+from stream_anon.report.analysis import class_sizes, generalization_levels
+from stream_anon.report.html import write_report
+from stream_anon.report.rundir import RunDirError, load_run_dir, released_frame, write_run_dir
+
+K, DELTA, N_RECORDS = 5, 300, 3000
+IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+ALL_PLOTS = {"information loss vs k and delta", "release delay distribution", "class size histogram",
+             "generalization per attribute", "epsilon vs error", "estimated vs true distributions"}
+
+
+def _engine_run(adult_path: Path, run_dir: Path) -> tuple[list[Any], dict[str, Any]]:
+    from stream_anon.core.datasets import iter_adult_records
+    from stream_anon.core.engine import Engine, EngineConfig
+    from stream_anon.core.loss import summarize_releases
+
+    schema = adult_schema()
+    engine = Engine(schema, EngineConfig(k=K, delta=DELTA, beta=50, mu=100, seed=0))
+    releases = []
+    for _, rec in zip(range(N_RECORDS), iter_adult_records(adult_path), strict=False):
+        releases.extend(engine.push(schema.validate(rec)))
+    releases.extend(engine.flush())
+    summary = summarize_releases(releases, schema, K).as_dict()
+    summary.update({"k": K, "delta": DELTA, "records_in": N_RECORDS, "dataset": "ADULT (first 3000 records)"})
+    write_run_dir(run_dir, summary=summary, releases=releases, schema=schema, delay_bound=DELTA)
+    return releases, summary
+
+
+def _images(html: str) -> dict[str, Image.Image]:
+    out = {}
+    for alt, data in IMG.findall(html):
+        img = Image.open(io.BytesIO(base64.b64decode(data)))
+        img.load()
+        assert img.format == "PNG"
+        out[alt] = img
+    return out
+
+
+def _assert_not_blank(name: str, img: Image.Image) -> None:
+    w, h = img.size
+    assert w >= 300 and h >= 200, (name, img.size)
+    arr = np.asarray(img.convert("RGB")).astype(int)
+    non_white = (arr.min(axis=2) < 240).mean()
+    assert non_white > 0.02, f"{name}: {non_white:.3%} non-white pixels: blank plot"
+    packed = (arr[..., 0] << 16) | (arr[..., 1] << 8) | arr[..., 2]
+    assert np.unique(packed).size > 20, f"{name}: too few colours for a plot"
+
+
+@pytest.fixture(scope="module")
+def full_run(adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    run_dir = tmp_path_factory.mktemp("report-run")
+    releases, summary = _engine_run(adult_path, run_dir)
+    out = run_dir / "page.html"
+    rc = cli_main(["report", str(run_dir), "--output", str(out), "--compute-extras", "--adult", str(adult_path),
+                   "--grid-records", "600", "--grid-k", "3,5,10", "--grid-delta", "100,200", "--epsilons", "1,4",
+                   "--repetitions", "2", "--png-dir", str(run_dir / "png")])
+    assert rc == 0
+    return {"dir": run_dir, "html": out.read_text(encoding="utf-8"), "releases": releases, "summary": summary}
+
+
+def test_report_embeds_every_plot_as_a_nonblank_png(full_run: dict[str, Any]) -> None:
+    imgs = _images(full_run["html"])
+    assert set(imgs) == ALL_PLOTS
+    for name, img in imgs.items():
+        _assert_not_blank(name, img)
+    assert 'class="missing"' not in full_run["html"]
+    # --png-dir wrote the same plots as files
+    files = sorted(p.name for p in (full_run["dir"] / "png").glob("*.png"))
+    assert files == sorted(["loss.png", "delay.png", "classes.png", "generalization.png", "ldp.png", "side.png"])
+
+
+def test_compute_extras_wrote_the_requested_grid_and_curves(full_run: dict[str, Any]) -> None:
+    grid = json.loads((full_run["dir"] / "grid.json").read_text())
+    assert sorted((g["k"], g["delta"]) for g in grid) == [(k, d) for k in (3, 5, 10) for d in (100, 200)]
+    for g in grid:
+        assert 0 < g["gt_loss"] < 1 and 0 < g["lm_loss"] < 1 and g["records"] == 600
+    # loss grows with k at fixed delta (more records per class need wider generalization)
+    by = {(g["k"], g["delta"]): g["gt_loss"] for g in grid}
+    assert by[(3, 200)] < by[(10, 200)] and by[(3, 100)] < by[(10, 100)]
+    curves = json.loads((full_run["dir"] / "ldp_curves.json").read_text())
+    assert {c["mechanism"] for c in curves} >= {"k-RR", "random substitution", "bounded Laplace (mean)"}
+    for c in curves:
+        assert [p["epsilon"] for p in c["points"]] == [1.0, 4.0]
+    krr = next(c for c in curves if c["mechanism"] == "k-RR")
+    assert krr["points"][1]["error"] < krr["points"][0]["error"]  # more epsilon, less error
+
+
+def test_report_numbers_match_the_run(full_run: dict[str, Any]) -> None:
+    run = load_run_dir(full_run["dir"])
+    released = run.released
+    n_class = sum(len(r.record_ids) for r in full_run["releases"] if r.kind == "class")
+    assert len(released) == n_class == full_run["summary"]["records_released"]
+    sizes = class_sizes(released)
+    assert sizes.min() >= K  # the engine's output is k-anonymous; the report shows "classes smaller than k: 0"
+    assert re.search(r"<th>classes smaller than k</th><td class=\"num\">0</td>", full_run["html"])
+    assert run.delays_arrivals is not None and run.delta == DELTA
+    assert np.nanmax(run.delays_arrivals) <= DELTA
+    p50 = float(np.quantile(run.delays_arrivals, 0.5))
+    assert f"<th>arrivals p50</th><td class=\"num\">{p50:,.4g}</td>" in full_run["html"]
+
+
+def test_generalization_levels_follow_the_loss_formulas() -> None:
+    schema = adult_schema()
+    df = pd.DataFrame({"record_id": ["a", "b", "c", "d"], "class_id": ["1", "1", "2", "2"],
+                       "age": ["[30-39]", "[17-90]", "45", "*"],
+                       "education": ["Bachelors", "*", "Higher-education", "no-such-node"]})
+    by = {a.name: a for a in generalization_levels(df, schema)}
+    assert set(by) == {"age", "education"}
+    np.testing.assert_allclose(by["age"].relative, [9 / 73, 1.0, 0.0, 1.0])
+    edu = schema["education"].hierarchy
+    assert edu is not None
+    node = edu.node("Higher-education")
+    expected = [0.0, 1.0, (edu.leaf_count(node) - 1) / (edu.n_leaves - 1), np.nan]
+    np.testing.assert_allclose(by["education"].relative, expected)
+    assert by["education"].levels is not None
+    assert by["education"].levels.tolist() == [0, edu.height, edu.height - int(edu.node_depth[node]), -1]
+    assert by["education"].unparsed == 1 and by["age"].unparsed == 0
+
+
+def test_missing_optional_inputs_are_reported_not_fatal(adult_path: Path, tmp_path: Path) -> None:
+    _engine_run(adult_path, tmp_path)
+    (tmp_path / "delays.json").unlink()
+    out = write_report(tmp_path)
+    html = out.read_text(encoding="utf-8")
+    assert out == tmp_path / "report.html"
+    imgs = _images(html)
+    assert set(imgs) == {"release delay distribution", "class size histogram", "generalization per attribute"}
+    for name, img in imgs.items():
+        _assert_not_blank(name, img)
+    assert html.count('class="missing"') == 3
+    for f in ("grid.json", "ldp_curves.json", "side_estimates.json"):
+        assert f"No <code>{f}</code>" in html
+
+
+def test_malformed_inputs_name_the_file_and_field(adult_path: Path, tmp_path: Path, capsys: Any) -> None:
+    _engine_run(adult_path, tmp_path)
+    (tmp_path / "grid.json").write_text(json.dumps([{"delta": 100, "gt_loss": 0.2}]))
+    with pytest.raises(RunDirError, match=r"grid\.json\[0\]: field 'k' missing"):
+        load_run_dir(tmp_path)
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "grid.json[0]: field 'k' missing" in capsys.readouterr().err
+    (tmp_path / "grid.json").unlink()
+    (tmp_path / "side_estimates.json").write_text(json.dumps([{"topic": "t", "attribute": "sex", "kind": "frequency",
+                                                               "categories": ["a", "b"], "estimated": [0.5]}]))
+    with pytest.raises(RunDirError, match=r"side_estimates\.json\[0\]\.estimated: expected 2 values"):
+        load_run_dir(tmp_path)
+    (tmp_path / "released.csv").unlink()
+    with pytest.raises(RunDirError, match="required file released.csv is missing"):
+        load_run_dir(tmp_path)
+
+
+def test_released_frame_has_the_documented_columns(adult_path: Path, tmp_path: Path) -> None:
+    releases, _ = _engine_run(adult_path, tmp_path)
+    schema = adult_schema()
+    df = released_frame(releases, schema)
+    assert list(df.columns) == ["record_id", "class_id", *[a.name for a in schema.qis], "income", "delay",
+                                "delay_seconds"]
+    on_disk = pd.read_csv(tmp_path / "released.csv", dtype=str, keep_default_na=False)
+    assert list(on_disk.columns) == list(df.columns) and len(on_disk) == len(df)
+    assert on_disk["record_id"].is_unique
