@@ -87,7 +87,7 @@ def _cmd_udp(args: argparse.Namespace) -> int:
                      eos_repeats=args.eos_repeats, progress=not args.no_progress,
                      total=len(records) if isinstance(records, list) else None)
     print(stats.summary())
-    return 0
+    return 1 if stats.send_errors else 0
 
 
 def _write_jsonl(records: Iterable[dict[str, Any]], out: Any) -> int:

@@ -1,9 +1,10 @@
 """UDP loss on loopback: send N records at several rates to ``stream-anon udp-bridge`` and count what arrived.
 
 The bridge runs in its own process (as deployed), the sender in this one with pre-encoded datagrams.
-For each rate it prints records sent, received (forwarded by the bridge), lost (the bridge's gaps),
-loss %, the achieved send rate and the kernel's ``RcvbufErrors`` delta (``/proc/net/snmp``: datagrams
-dropped because the receiver's socket buffer was full, which is where loopback loses them).
+For each rate it prints records sent, received (forwarded by the bridge), lost (sent - received),
+loss %, the gaps the bridge counted by sequence number (equal to lost when an EOS copy got through),
+the achieved send rate and the kernel's ``RcvbufErrors`` delta (``/proc/net/snmp``: datagrams dropped
+because the receiver's socket buffer was full, which is where loopback loses them).
 
     python -m replay_tools udp-loss-bench --rates 10000,50000,100000,0 --sink null
     python -m replay_tools udp-loss-bench --sink kafka        # bridge forwards into an embedded broker
@@ -31,7 +32,8 @@ class LossRow:
     target_rate: float
     sent: int
     received: int
-    lost: int
+    lost: int  # sent - received
+    gaps_counted: int  # the bridge's count (== lost unless every EOS copy was lost)
     duplicates: int
     send_rate: float
     bridge_seconds: float
@@ -56,7 +58,8 @@ def _start_bridge(port: int, sink: str, bootstrap: str | None, topic: str, rcvbu
                   timeout_s: float = 30.0) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "stream_anon", "--log-level", "WARNING", "udp-bridge",
            "--listen", f"127.0.0.1:{port}", "--sink", sink, "--exit-on-eos", "--metrics-port", "0",
-           "--report-json", "-", "--rcvbuf", str(rcvbuf), "--topic", topic, "--eos-grace", "0.3"]
+           "--report-json", "-", "--rcvbuf", str(rcvbuf), "--topic", topic, "--eos-grace", "0.3",
+           "--idle-close", "5"]
     if bootstrap:
         cmd += ["--bootstrap-servers", bootstrap]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,22 +95,23 @@ def udp_loss_bench(records: Sequence[Mapping[str, Any]], rates: Sequence[float],
         if proc.returncode != 0 or not lines:
             raise RuntimeError(f"udp-bridge exited with {proc.returncode}: {err[-2000:]}")
         report = json.loads(lines[-1])
-        rows.append(LossRow(target_rate=rate, sent=stats.records, received=report["records_forwarded"],
-                            lost=report["gaps"], duplicates=report["duplicates"], send_rate=stats.rate_achieved,
+        received = report["records_forwarded"]
+        rows.append(LossRow(target_rate=rate, sent=stats.records, received=received,
+                            lost=stats.records - received, gaps_counted=report["gaps"], duplicates=report["duplicates"], send_rate=stats.rate_achieved,
                             bridge_seconds=report["seconds"],
                             rcvbuf_errors=(after - before) if before is not None and after is not None else None))
     return rows
 
 
 def format_table(rows: Sequence[LossRow], sink: str) -> str:
-    out = ["| target rate (rec/s) | achieved send rate | sent | received | lost | loss % | kernel RcvbufErrors | "
-           "bridge sink |",
-           "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = ["| target rate (rec/s) | achieved send rate | sent | received | lost | loss % | gaps counted by bridge "
+           "| kernel RcvbufErrors | bridge sink |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         target = f"{r.target_rate:,.0f}" if r.target_rate > 0 else "max"
         kern = f"{r.rcvbuf_errors:,}" if r.rcvbuf_errors is not None else "n/a"
         out.append(f"| {target} | {r.send_rate:,.0f} | {r.sent:,} | {r.received:,} | {r.lost:,} | "
-                   f"{r.loss_pct:.2f} | {kern} | {sink} |")
+                   f"{r.loss_pct:.2f} | {r.gaps_counted:,} | {kern} | {sink} |")
     return "\n".join(out)
 
 

@@ -65,7 +65,8 @@ class UdpSendStats:
         return (f"UDP stream {self.stream!r}: {self.records:,} records, {self.datagrams_sent:,} datagrams "
                 f"({self.dropped_by_hook} dropped / {self.duplicated_by_hook} duplicated by test hooks, "
                 f"{self.eos_sent} EOS, {self.send_errors} send errors) in {self.seconds:.2f} s: "
-                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}")
+                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}"
+                + (" (send errors: is a receiver listening on the target?)" if self.send_errors else ""))
 
 
 def record_datagram(seq: int, record: Mapping[str, Any], stream: str = "") -> bytes:

@@ -64,6 +64,7 @@ NO_SAMPLE_REASONS = {
 @dataclass
 class Stack:
     metrics_url: str
+    side_metrics_url: str
     prometheus_url: str
     service: subprocess.Popen[bytes]
     service_log: Path
@@ -127,14 +128,14 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
 
     prometheus_bin = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("deploy-live")
-    metrics_port, prom_port = free_port(), free_port()
+    metrics_port, side_port, prom_port = free_port(), free_port(), free_port()
     topics = {name: f"{PREFIX}.{name}" for name in ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates",
                                                     "kmeans")}
     cmd = [sys.executable, "-m", "stream_anon", "run", "--bootstrap-servers", broker.bootstrap_servers,
            "--metrics-port", str(metrics_port), "--input-topic", INPUT, "--partitions", "2",
            "--group-id", f"{PREFIX}-main", "--k", "5", "--delta", "200", "--seed", "1",
            "--set", f"side_paths.group_id={PREFIX}-side", "--set", "kafka.session_timeout_ms=6000",
-           "--set", "side_paths.estimates_every=500"]
+           "--set", "side_paths.estimates_every=500", "--set", f"service.side_metrics_port={side_port}"]
     for name, topic in topics.items():
         cmd += ["--set", f"topics.{name}={topic}"]
     service_log = tmp / "service.log"
@@ -142,13 +143,16 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
     prometheus: subprocess.Popen[bytes] | None = None
     try:
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        side_url = f"http://127.0.0.1:{side_port}/metrics"
         _wait("the service's metrics endpoint", lambda: _get(metrics_url), 60)
+        _wait("the side paths' metrics endpoint", lambda: _get(side_url), 60)
 
         rules = tmp / "rules.yml"
         shutil.copy(RULES_YML, rules)
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
                   "scrape_configs": [{"job_name": "stream-anon", "scrape_interval": "1s",
-                                      "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}]}
+                                      "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}",
+                                                                      f"127.0.0.1:{side_port}"]}]}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prometheus = subprocess.Popen(
             [prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
@@ -156,8 +160,8 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
             stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
         prom = f"http://127.0.0.1:{prom_port}"
         _wait("Prometheus ready", lambda: _get(f"{prom}/-/ready"), 60)
-        _wait("a successful scrape of the service", lambda: [v for _, v in _vector(prom, 'up{job="stream-anon"}')
-                                                             if v == 1.0], 30)
+        _wait("a successful scrape of both endpoints",
+              lambda: len([v for _, v in _vector(prom, 'up{job="stream-anon"}') if v == 1.0]) == 2, 30)
 
         records = [r for _, r in zip(range(2 * RECORDS_PER_BATCH), iter_adult_records(adult_path), strict=False)]
         _replay(broker.bootstrap_servers, records[:RECORDS_PER_BATCH])
@@ -171,8 +175,13 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
               lambda: [v for _, v in _vector(prom, f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})')
                        if v >= 2 * RECORDS_PER_BATCH + 6], 60)
         time.sleep(2.5)  # a few more scrapes and rule evaluations
-        st = Stack(metrics_url=metrics_url, prometheus_url=prom, service=service, service_log=service_log)
-        st.scrape = _get(metrics_url).decode()
+        _wait("the side paths' first published records",
+              lambda: [v for _, v in _vector(prom, "sum(stream_anon_side_records_published_total)") if v > 0], 60)
+        time.sleep(1.5)
+        st = Stack(metrics_url=metrics_url, side_metrics_url=side_url, prometheus_url=prom, service=service,
+                   service_log=service_log)
+        # both endpoints together are the service's exposition (same registry layout, different processes)
+        st.scrape = _get(metrics_url).decode() + "\n" + _get(side_url).decode()
         yield st
     finally:
         if service.poll() is None:
@@ -212,8 +221,8 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
     print(f"declared on /metrics but without samples after the replay: {sorted(declared_only)}")
     unexplained = declared_only - set(NO_SAMPLE_REASONS)
     assert not unexplained, f"declared but without samples after the replay, and not explained: {unexplained}"
-    # the replay exercised the main path: these have real samples
-    for n in ("stream_anon_records_consumed_total", "stream_anon_records_released_total",
+    # the replay exercised the main path and the side paths: these have real samples
+    for n in ("stream_anon_epsilon_spent_total", "stream_anon_side_records_published_total","stream_anon_records_consumed_total", "stream_anon_records_released_total",
               "stream_anon_records_dead_lettered_total", "stream_anon_release_delay_arrivals_bucket",
               "stream_anon_class_size_bucket", "stream_anon_consumer_lag", "stream_anon_buffered_records",
               "stream_anon_udp_gaps_total", "stream_anon_delay_bound_arrivals"):
@@ -268,8 +277,36 @@ def test_dashboard_queries_run_on_the_real_prometheus(stack: Stack) -> None:
         assert not hits, f"main panel without data: {hits}"
 
 
+def _healthchecks(stack: Stack) -> list[tuple[str, list[str], dict[str, str]]]:
+    """The Dockerfile's HEALTHCHECK and the compose service's healthcheck, pointed at the live service's port."""
+    import os
+
+    from deploy_support import COMPOSE_YML, DOCKERFILE, load_yaml
+
+    port = stack.metrics_url.split(":")[2].split("/")[0]
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    docker_cmd = json.loads(text[text.index("HEALTHCHECK"):].split("CMD", 1)[1].splitlines()[0].strip())
+    env = dict(os.environ, STREAM_ANON_SERVICE_METRICS_PORT=port)
+    compose_test = load_yaml(COMPOSE_YML)["services"]["stream-anon"]["healthcheck"]["test"]
+    assert compose_test[0] == "CMD"
+    compose_cmd = [a.replace(":9108/", f":{port}/") for a in compose_test[1:]]
+    return [("Dockerfile HEALTHCHECK", docker_cmd, env), ("compose healthcheck", compose_cmd, dict(os.environ))]
+
+
+def _run_check(cmd: list[str], env: dict[str, str]) -> int:
+    cmd = [sys.executable if c == "python" else c for c in cmd]
+    return subprocess.run(cmd, env=env, capture_output=True, timeout=30).returncode
+
+
+def test_container_healthchecks_pass_against_the_live_service(stack: Stack) -> None:
+    for name, cmd, env in _healthchecks(stack):
+        assert _run_check(cmd, env) == 0, name
+
+
 def test_stopping_the_service_sets_up_to_zero(stack: Stack) -> None:
     stack.service.terminate()
     stack.service.wait(30)
-    _wait("up == 0 after the service stopped",
-          lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}') if v == 0.0], 15)
+    for name, cmd, env in _healthchecks(stack):
+        assert _run_check(cmd, env) != 0, f"{name} still passes with the service stopped"
+    _wait("up == 0 for both endpoints after the service stopped",
+          lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}')] == [0.0, 0.0], 15)

@@ -93,6 +93,34 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert recording_rule_names() <= tested, recording_rule_names() - tested
 
 
+@pytest.mark.slow
+def test_rule_unit_tests_catch_a_broken_alert(tmp_path: Path) -> None:
+    """Replacing any alert's expression by one that never fires makes `promtool test rules` fail."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    import yaml
+
+    rules_doc = load_yaml(RULES_YML)
+    names = [r["alert"] for g in rules_doc["groups"] for r in g["rules"] if "alert" in r]
+
+    def broken(alert: str) -> int:
+        doc = copy.deepcopy(rules_doc)
+        for g in doc["groups"]:
+            for r in g["rules"]:
+                if r.get("alert") == alert:
+                    r["expr"] = "vector(0) > 1"
+        d = tmp_path / alert
+        d.mkdir()
+        (d / "rules.yml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        (d / RULES_TEST_YML.name).write_text(RULES_TEST_YML.read_text(encoding="utf-8"), encoding="utf-8")
+        return _promtool("test", "rules", str(d / RULES_TEST_YML.name)).returncode
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        codes = dict(zip(names, pool.map(broken, names), strict=True))
+    assert all(rc != 0 for rc in codes.values()), {a: rc for a, rc in codes.items() if rc == 0}
+
+
 # ----------------------------------------------------------------------------------------------- alerts
 REQUIRED_ALERTS = {
     # alert: metrics its expression must use
@@ -346,15 +374,20 @@ def test_compose_service_environment_is_valid_service_config() -> None:
     cfg = Config.load(None, env=env)  # raises ConfigError on a bad value
     assert cfg.kafka.bootstrap_servers == "kafka:9092"
     assert cfg.service.metrics_addr == "0.0.0.0"
-    # one port everywhere: service config, compose healthcheck, Prometheus scrape target, Dockerfile
-    port = cfg.service.metrics_port
+    # the same ports everywhere: service config, compose, Prometheus scrape targets, Dockerfile
+    ports = {cfg.service.metrics_port, cfg.service.side_metrics_port}
     hc = " ".join(compose["services"]["stream-anon"]["healthcheck"]["test"])
-    assert f":{port}/metrics" in hc
+    assert f":{cfg.service.metrics_port}/metrics" in hc
+    assert {int(p) for p in compose["services"]["stream-anon"]["expose"]} == ports
     prom = load_yaml(PROMETHEUS_YML)
     job = next(j for j in prom["scrape_configs"] if j["job_name"] == "stream-anon")
-    assert job["dns_sd_configs"][0]["names"] == ["stream-anon"] and job["dns_sd_configs"][0]["port"] == port
+    assert all(sd["names"] == ["stream-anon"] for sd in job["dns_sd_configs"])
+    assert {sd["port"] for sd in job["dns_sd_configs"]} == ports
     docker = DOCKERFILE.read_text(encoding="utf-8")
-    assert f"EXPOSE {port}" in docker and f"STREAM_ANON_SERVICE_METRICS_PORT={port}" in docker
+    expose = next(line for line in docker.splitlines() if line.startswith("EXPOSE"))
+    assert {int(p) for p in expose.split()[1:]} == ports
+    assert f"STREAM_ANON_SERVICE_METRICS_PORT={cfg.service.metrics_port}" in docker
+    assert f"STREAM_ANON_SERVICE_SIDE_METRICS_PORT={cfg.service.side_metrics_port}" in docker
     # the UDP bridge job scrapes the port the bridge is told to serve
     bridge = compose["services"]["udp-bridge"]["command"]
     udp_job = next(j for j in prom["scrape_configs"] if j["job_name"] == "stream-anon-udp")
@@ -461,8 +494,9 @@ def test_k8s_manifests_probes_config_and_podmonitor(tmp_path: Path) -> None:
     assert all(env_to_option(k) for k in env), env
     cfg = Config.load(tmp_path / "config.yaml", env=env)
     assert cfg.service.metrics_port == ports["metrics"] and cfg.service.metrics_addr == "0.0.0.0"
+    assert cfg.service.side_metrics_port == ports["side-metrics"]
     # the PodMonitor selects these pods, scrapes the named port, and labels the job as the rules expect
     assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == set(ports)
     assert labels[pm["spec"]["jobLabel"]] == "stream-anon"
     assert any('up{job="stream-anon"}' in r["expr"] for r in alert_rules())

@@ -139,3 +139,16 @@ def test_l_diversity_on_adult(adult: pd.DataFrame) -> None:
     frame = release_frame(schema, out)
     report = verify_release_frame(frame, [a.name for a in schema.qis], k=5, l=2, sensitive="income")
     assert report.ok, report.violations[:5]
+
+
+def test_push_and_push_encoded_agree(adult: pd.DataFrame) -> None:
+    schema = adult_schema()
+    cfg = EngineConfig(k=4, delta=150, beta=15, mu=15, l=2, leftover="leftover")
+    _, bulk = stream(adult, schema, cfg, n=1500)
+    eng = Engine(schema, cfg)
+    one: list[Release] = []
+    for rec in adult.iloc[:1500].to_dict("records"):
+        one += eng.push(schema.validate(rec), 0.0)
+    one += eng.flush(0.0)
+    assert [(r.class_id, r.kind, r.record_ids, r.generalized, r.delays) for r in one] == \
+           [(r.class_id, r.kind, r.record_ids, r.generalized, r.delays) for r in bulk]

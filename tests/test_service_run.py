@@ -134,3 +134,27 @@ def test_metrics_endpoint_on_loopback_reports_the_flow(broker, adult_path: Path)
     if not host_ip.startswith("127."):
         with pytest.raises(OSError):
             socket.create_connection((host_ip, port), timeout=1).close()
+
+
+def test_observe_many_matches_observe() -> None:
+    import numpy as np
+    from prometheus_client import Histogram
+
+    from stream_anon.service.app import observe_many
+
+    r1, r2 = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("h", "h", buckets=(1, 5, 10, 25), registry=r1)
+    b = Histogram("h", "h", buckets=(1, 5, 10, 25), registry=r2)
+    values = [*np.random.default_rng(0).uniform(0, 40, 1000).tolist(), 1.0, 5.0, 10.0, 25.0, 0.0, 99.0]
+    for v in values:
+        a.observe(v)
+    observe_many(b, values)
+
+    def samples(r: CollectorRegistry) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): float(s.value) for m in r.collect() for s in m.samples
+                if not s.name.endswith("_created")}
+
+    sa, sb = samples(r1), samples(r2)
+    assert sa.keys() == sb.keys()
+    for key, val in sa.items():
+        assert sb[key] == pytest.approx(val, rel=1e-12)

@@ -124,6 +124,8 @@ def test_total_epsilon_cap_is_enforced_at_start() -> None:
 def test_bad_configuration_names_option_and_value(cfg: SidePathConfig, match: str) -> None:
     with pytest.raises(SidePathConfigError, match=match):
         SidePathProcessor(cfg, rng=0)
+    with pytest.raises(SidePathConfigError, match=match):
+        cfg.check()  # what the service can call at start
 
 
 def test_config_coercion_from_mapping_and_service_settings() -> None:

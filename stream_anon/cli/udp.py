@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
     p.add_argument("--exit-on-eos", action="store_true", help="stop after the first end-of-stream datagram")
     p.add_argument("--eos-grace", type=float, default=0.5,
                    help="seconds to keep receiving late datagrams after EOS before closing the stream (default 0.5)")
+    p.add_argument("--idle-close", type=float, default=None, metavar="SECONDS",
+                   help="close a stream after this many seconds without datagrams (its EOS was lost); "
+                        "with --exit-on-eos, then exit")
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                    help=f"reordering window in sequence numbers (default {DEFAULT_WINDOW})")
     p.add_argument("--rcvbuf", type=int, default=8 * 1024 * 1024, help="socket receive buffer bytes (default 8 MiB)")
@@ -80,7 +83,8 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
         if args.metrics_port:
             serve_metrics(metrics.registry, args.metrics_port, addr=args.metrics_addr)
         bridge = UdpBridge(host, port, sink, metrics, window=args.window, exit_on_eos=args.exit_on_eos,
-                           eos_grace_s=args.eos_grace, rcvbuf_bytes=args.rcvbuf)
+                           eos_grace_s=args.eos_grace, idle_close_s=args.idle_close,
+                           rcvbuf_bytes=args.rcvbuf)
         stop = threading.Event()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -13,10 +13,11 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
@@ -44,6 +45,29 @@ from stream_anon.service.pipeline import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def observe_many(hist: Any, values: Sequence[float]) -> None:
+    """``hist.observe(v)`` for every value, vectorized (one bucket increment per bucket, not per value).
+
+    Uses prometheus_client's Histogram internals (``_upper_bounds``, ``_buckets``, ``_sum``; bucket counters
+    are per-bucket, made cumulative at collection); falls back to ``observe`` if they are not there.
+    """
+    if not len(values):
+        return
+    bounds = getattr(hist, "_upper_bounds", None)
+    buckets = getattr(hist, "_buckets", None)
+    total = getattr(hist, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for v in values:
+            hist.observe(v)
+        return
+    arr = np.asarray(values, dtype=np.float64)
+    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), arr, side="left"),
+                         minlength=len(bounds))
+    for i in np.flatnonzero(counts):
+        buckets[int(i)].inc(int(counts[i]))
+    total.inc(float(arr.sum()))
 
 
 def load_schema(cfg: Config) -> Schema:
@@ -134,6 +158,7 @@ class MainPath:
         self.highwater: dict[int, int] = {}
         self.committed: dict[int, int] = {}
         self._last_input: dict[int, float] = {}
+        self._seeked: dict[int, int] = {}
         self._producer: ReliableProducer | None = None
         self._consumer: Any = None
         self._reader: OutputReader | None = None
@@ -195,7 +220,13 @@ class MainPath:
     def _process(self, partition: int, recs: list[Any], now: float) -> None:
         state = self.states.get(partition)
         if state is None:
-            state = self._recover(partition, recs[0].offset)
+            start = self._start_offset(partition, recs[0].offset)
+            if start is None:
+                return  # seeked back to the committed watermark: the next poll delivers from there
+            recs = [r for r in recs if r.offset >= start]
+            if not recs:
+                return
+            state = self._recover(partition, start)
         msgs = [InputMessage(r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs]
         t0 = time.perf_counter()
         result = state.process(msgs, now)
@@ -222,6 +253,26 @@ class MainPath:
                 result = state.flush(now)
                 self._producer.send(result.outputs)
                 self._account(p, result.stats, 0.0, 0)
+
+    def _start_offset(self, partition: int, first_offset: int) -> int | None:
+        """Where a partition's new state must start: its committed watermark.
+
+        kafka-python keeps the fetch position of a partition that is revoked and assigned again to the same
+        member, but the revoke dropped the state (buffered records included), so the position may be past
+        the watermark: seek back (returns None; the records come with the next poll).  Offsets below the
+        first available one (retention) start at the first available record.
+        """
+        tp = TopicPartition(self.cfg.topics.input, partition)
+        committed = self._consumer.committed(tp)
+        if committed is None or first_offset == committed:
+            return first_offset
+        if first_offset > committed and self._seeked.get(partition) != committed:
+            self._seeked[partition] = committed
+            log.info("partition %d: position %d is past the committed watermark %d (state dropped at a "
+                     "rebalance): seeking back", partition, first_offset, committed)
+            self._consumer.seek(tp, committed)
+            return None
+        return max(first_offset, committed) if first_offset < committed else first_offset
 
     def _recover(self, partition: int, first_offset: int) -> PartitionPipeline:
         """Build partition state starting at ``first_offset``: read back the outputs for already released records."""
@@ -274,14 +325,10 @@ class MainPath:
             t.dead_letter_reasons[reason] = t.dead_letter_reasons.get(reason, 0) + n
             m.records_dead_lettered.labels(reason=reason).inc(n)
             log.warning("partition %d: %d message(s) dead-lettered (%s)", partition, n, reason)
-        for d in s.delays:
-            m.release_delay_arrivals.observe(d)
-        for sec in s.ingest_latency_seconds:
-            m.release_delay_seconds.observe(sec)
-        for loss in s.class_losses:
-            m.class_information_loss.observe(loss)
-        for size in s.class_sizes:
-            m.class_size.observe(size)
+        observe_many(m.release_delay_arrivals, s.delays)
+        observe_many(m.release_delay_seconds, s.ingest_latency_seconds)
+        observe_many(m.class_information_loss, s.class_losses)
+        observe_many(m.class_size, s.class_sizes)
         if s.released or s.suppressed:
             m.gt_loss.set(t.gt_loss)
         if n_msgs:
@@ -346,6 +393,7 @@ class MainPath:
         if offsets:
             self._consumer.commit_async(offsets, callback=self._commit_done)
         for p in owned:
+            self._seeked.pop(p, None)
             state = self.states.pop(p)
             self.committed.pop(p, None)
             log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "

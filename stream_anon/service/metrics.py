@@ -82,6 +82,14 @@ class ServiceMetrics:
                                           ["topic"], registry=r)
         self.side_records_published = Counter("stream_anon_side_records_published",
                                               "Perturbed records published on a side topic", ["topic"], registry=r)
+        self.side_records_consumed = Counter("stream_anon_side_records_consumed",
+                                             "Input records consumed by the LDP side paths", ["topic"], registry=r)
+        self.side_records_skipped = Counter("stream_anon_side_records_skipped",
+                                            "Input records the side paths skipped (invalid; the main path dead-letters them)",
+                                            ["topic", "reason"], registry=r)
+        self.side_outputs_refused = Counter("stream_anon_side_outputs_refused",
+                                            "Side outputs refused (e.g. privacy budget exhausted)", ["topic", "reason"],
+                                            registry=r)
         self.estimate_standard_error = Gauge("stream_anon_estimate_standard_error",
                                              "Standard error of a server-side estimate", ["topic", "attribute"],
                                              registry=r)

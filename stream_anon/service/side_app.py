@@ -12,7 +12,7 @@ Committing first means every record is randomized at most once per consumer grou
 message is the eps its record really spent.  The price: a crash between the commit and the producer's
 acknowledgement loses that batch's side copies (at most ``kafka.max_poll_records`` records; the main path,
 which has its own group, loses nothing).  If a commit fails (e.g. a rebalance moved the partition), the batch
-is not published: its new owner randomizes it.
+is neither randomized nor published: it is consumed again (seek back), or by the partition's new owner.
 
 Bad input: the main path already dead-letters every bad input message, so the side path only counts and
 skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
@@ -252,20 +252,20 @@ class SidePathApp:
     def _process(self, tp: TopicPartition, recs: Sequence[Any]) -> None:
         status, proc = self.status, self.processor
         n = len(recs)
-        status.consumed += n
-        self._consumed_metric.labels(topic=self._consumed_label).inc(n)
         # decode everything first, then commit (at most one randomization per record), then perturb + publish
         segments: list[tuple[list[dict[str, Any]], bool]] = [([], False)]
         dlq: list[OutputMessage] = []
+        bad: list[str] = []
+        controls = 0
         for r in recs:
             if r.headers and any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in r.headers):
-                status.control += 1
+                controls += 1
                 segments[-1] = (segments[-1][0], True)
                 segments.append(([], False))
                 continue
             rec = self.decoder.decode(r.value)
             if isinstance(rec, DeadLetter):
-                self._skip(rec.reason)
+                bad.append(rec.reason)
                 if self.side.dead_letter:
                     dlq.append(self._dead_letter(tp.partition, r, rec))
                 continue
@@ -274,18 +274,30 @@ class SidePathApp:
         try:
             self._consumer.commit({tp: OffsetAndMetadata(next_offset, None, -1)})
         except KafkaError as e:
-            valid = sum(len(s[0]) for s in segments)
-            log.warning("side paths: commit of %s@%d failed (%r); NOT publishing the batch's %d perturbed copies "
-                        "(the partition's next owner randomizes them, so no record is randomized twice)",
-                        tp, next_offset, e, valid)
-            self._skip("commit_failed", valid)
+            # nothing of this batch was randomized yet: re-read it (or let the partition's new owner do it)
+            log.warning("side paths: commit of %s@%d failed (%r); the batch of %d messages is not perturbed now and "
+                        "will be consumed again (no record is randomized twice)", tp, next_offset, e, n)
+            try:
+                self._consumer.seek(tp, int(recs[0].offset))
+            except Exception as e2:  # partition revoked: its new owner starts from the committed offset
+                log.info("side paths: %s no longer assigned (%r)", tp, e2)
+            time.sleep(0.5)
             return
+        status.consumed += n
+        status.control += controls
+        self._consumed_metric.labels(topic=self._consumed_label).inc(n)
+        for reason in bad:
+            self._skip(reason)
         status.positions[tp.partition] = next_offset
         outputs: list[Out] = []
         for records, flush_after in segments:
             if records:
-                outputs.extend(proc.process_batch(records))
-                status.processed += len(records)
+                try:
+                    outputs.extend(proc.process_batch(records))
+                    status.processed += len(records)
+                except (ValueError, ArithmeticError) as e:  # a bug or a schema/config mismatch: log, count, go on
+                    log.exception("side paths: %d records of %s not perturbed: %s", len(records), tp, e)
+                    self._skip("side_path_error", len(records))
             if records:
                 self._ended.discard(tp.partition)
             if flush_after:
@@ -442,43 +454,3 @@ def run_side_paths(cfg: Any, metrics: ServiceMetrics | None = None, stop_event: 
     log.debug("side paths ran %.1f s", time.monotonic() - t0)
     return rc
 
-
-def _side_process_main(cfg: Any, metrics_port: int | None, metrics_addr: str, log_level: int) -> None:
-    """Entry point of the side-path process: own registry (and endpoint), SIGTERM/SIGINT stop it gracefully."""
-    import signal
-
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    registry = CollectorRegistry()
-    metrics = ServiceMetrics(registry)
-    if metrics_port:
-        from stream_anon.service.metrics import serve_metrics
-
-        serve_metrics(registry, metrics_port, metrics_addr)
-        log.info("side paths: metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
-        log.info("side paths: signal %d, stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    raise SystemExit(run_side_paths(cfg, metrics, stop))
-
-
-def start_side_paths_process(cfg: Any, *, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1"
-                             ) -> Any:
-    """Start the side paths in a separate process (``multiprocessing`` spawn) and return it.
-
-    A thread in the service process shares the GIL with the main path; a process does not, so a busy side path
-    cannot slow the main path down.  The process has its own Prometheus registry: give it its own
-    ``metrics_port`` (None = no endpoint).  Stop it with ``process.terminate()`` (SIGTERM: final estimates are
-    published, clients closed) and ``process.join()``; exit code as :func:`run_side_paths`.
-    """
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_side_process_main, args=(cfg, metrics_port, metrics_addr, logging.getLogger().level),
-                       name="stream-anon-side-paths", daemon=True)
-    proc.start()
-    return proc

@@ -142,6 +142,11 @@ class SidePathConfig:
     dead_letter: bool = False  # also dead-letter bad input (off: the main path already does; count + skip)
     seed: int | None = None  # None = OS entropy
 
+    def check(self, schema: Schema | None = None) -> None:
+        """Validate against ``schema`` (default ADULT) at start: raises :class:`SidePathConfigError` (or the
+        mechanisms' ``PrivacyParameterError``) naming the option, the allowed values and the value."""
+        SidePathProcessor(self, schema, rng=0)
+
     @classmethod
     def coerce(cls, obj: Any) -> SidePathConfig:
         """A ``SidePathConfig`` from itself, a mapping, or any dataclass with (a subset of) the same fields."""
@@ -251,17 +256,13 @@ class _CategoricalChannel:
 class _NumericChannel:
     """One numeric attribute through the bounded Laplace; running moments of the unbiased transform."""
 
-    topic_kind = "blap"
-
-    def __init__(self, topic: str, attribute: str, mech: BoundedLaplace, boundary_width: float,
-                 integer: bool) -> None:
+    def __init__(self, topic: str, attribute: str, mech: BoundedLaplace, boundary_width: float) -> None:
         self.topic = topic
         self.mechanism = "blap"
         self.attribute = attribute
         self.mech = mech
         self.epsilon = mech.epsilon
         self.boundary_width = boundary_width
-        self.integer = integer
         self.n = 0
         self.mean_h = 0.0
         self.m2_h = 0.0  # Chan et al. pairwise merge of (n, mean, M2)
@@ -417,7 +418,7 @@ class SidePathProcessor:
                     raise _err("blap.attributes", "numeric attributes with a public domain [lo, hi] in the schema", a)
                 mech_n = BoundedLaplace(epsilon=eps, lower=attr.lo, upper=attr.hi, snap_bits=b.snap_bits,
                                         rng=self.rng)
-                self.blap_num.append(_NumericChannel(t.blap, a, mech_n, b.boundary_width, attr.integer))
+                self.blap_num.append(_NumericChannel(t.blap, a, mech_n, b.boundary_width))
             for a in b.categorical_attributes:
                 cats = self._categories("blap.categorical_attributes", a)
                 mech_c = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=self.rng)

@@ -243,18 +243,23 @@ class UdpBridge:
     """Receive datagrams on ``listen`` and forward records to ``sink``; ``serve()`` runs until stopped.
 
     ``exit_on_eos``: return once an EOS datagram arrived and ``eos_grace_s`` passed (late datagrams of
-    the stream are still taken during the grace period).  ``stop`` (a ``threading.Event``) or
+    the stream are still taken during the grace period).  ``idle_close_s``: close the open stream after
+    that many seconds without a datagram (for senders whose EOS datagrams were all lost; the stream's
+    count is then unknown, so losses after its last received datagram are not counted); with
+    ``exit_on_eos`` such a close also ends ``serve()``.  ``stop`` (a ``threading.Event``) or
     ``max_seconds`` also end ``serve()``; open streams are then closed (their holes become gaps).
     """
 
     def __init__(self, host: str, port: int, sink: RecordSink, metrics: ServiceMetrics, *,
                  window: int = DEFAULT_WINDOW, exit_on_eos: bool = False, eos_grace_s: float = 0.5,
-                 rcvbuf_bytes: int = 8 * 1024 * 1024, id_field: str = "id") -> None:
+                 idle_close_s: float | None = None, rcvbuf_bytes: int = 8 * 1024 * 1024,
+                 id_field: str = "id") -> None:
         self.sink = sink
         self.metrics = metrics
         self.window = window
         self.exit_on_eos = exit_on_eos
         self.eos_grace_s = eos_grace_s
+        self.idle_close_s = idle_close_s
         self.id_field = id_field
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -424,19 +429,29 @@ class UdpBridge:
         if on_ready is not None:
             on_ready(self)
         handled = 0
+        idle_since: float | None = None
         try:
             while True:
                 try:
                     data = recv(MAX_DATAGRAM)
+                    idle_since = None
                     self.handle(data)
                     handled += 1
                     if handled & 255:  # look at the clock every 256 datagrams, or when the socket is idle
                         continue
                 except TimeoutError:
-                    pass
+                    if idle_since is None:
+                        idle_since = time.monotonic()
                 self.flush_metrics()
                 now = time.monotonic()
                 if self._eos_deadline is not None and now >= self._eos_deadline:
+                    self._close_current()
+                    if self.exit_on_eos:
+                        break
+                if self.idle_close_s is not None and idle_since is not None and self._current is not None \
+                        and now - idle_since >= self.idle_close_s:
+                    log.warning("udp-bridge: stream %r idle for %.1f s without EOS: closing it",
+                                self._current.stream, now - idle_since)
                     self._close_current()
                     if self.exit_on_eos:
                         break

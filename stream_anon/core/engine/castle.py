@@ -118,6 +118,8 @@ class Engine:
         self._age_coef = np.zeros(self.gamma.capacity)
         self._age_weight = self.policy.age_weight
         self._early_release = self.policy.early_release
+        self._max_seconds = config.max_delay_seconds
+        self._plain = self.person_id is None and not self.use_l and self.policy.age_weight == 0.0
         self._release_slack = self.policy.release_slack
         self._beta = config.beta
         self._score_table = self.enc.score_table
@@ -162,37 +164,39 @@ class Engine:
         self.records_in += 1
         ring = self.ring
         s = p % ring
-        if self.slot_cluster[s] != _FREE:  # cannot happen: the ring spans the longest possible wait
+        slot_cluster = self.slot_cluster
+        if slot_cluster[s] != _FREE:  # cannot happen: the ring spans the longest possible wait
             raise RuntimeError("engine ring overflow")
         self.V[s] = v
-        self.slot_pos[s] = p
+        slot_pos = self.slot_pos
+        slot_pos[s] = p
         self.slot_record[s] = record
         self.slot_time[s] = now
         if self.person_id is not None:
             self.slot_pid[s] = record[self.person_id]
         if self.use_l:
             self.slot_sens[s] = record[self.sensitive]  # type: ignore[index]
-        self.n_buffered += 1
-        if self.n_buffered > self.max_buffered:
-            self.max_buffered = self.n_buffered
+        self.n_buffered = nb = self.n_buffered + 1
+        if nb > self.max_buffered:
+            self.max_buffered = nb
         c = self._best_selection(s, v)
         if c < 0:
             self._new_cluster(s)
-        else:
-            if self._early_release and self._releasable(c):
-                g = self.gamma
-                age = (p - int(g.oldest[c])) / self.delta_eff
-                if g.lsum[c] <= self.tau_sum * (1.0 + self._release_slack * age):
-                    self._output_cluster(c)
+        elif self._early_release and self._releasable(c):
+            g = self.gamma
+            age = (p - int(g.oldest[c])) / self.delta_eff
+            if g.lsum[c] <= self.tau_sum * (1.0 + self._release_slack * age):
+                self._output_cluster(c)
         # delay constraint (position based), then the optional wall-clock bound
         limit = p - self.delta_eff
-        while self.next_expire <= limit:
-            q = self.next_expire
+        q = self.next_expire
+        while q <= limit:
             self.next_expire = q + 1
             sq = q % ring
-            if self.slot_pos[sq] == q and self.slot_cluster[sq] >= 0:
+            if slot_pos[sq] == q and slot_cluster[sq] >= 0:
                 self._delay_constraint(sq)
-        if self.config.max_delay_seconds is not None:
+            q = self.next_expire
+        if self._max_seconds is not None:
             self._expire_seconds(now)
         if self.leftover and self.leftover[0][1] <= p:
             self._leftover_deadline()
@@ -248,19 +252,34 @@ class Engine:
             e -= (self.p - g.oldest) * self._age_coef
         c = int(e.argmin())
         tau = self.tau_sum
-        if ls[c] > tau:
+        lc = float(ls[c])
+        if lc > tau:
             ties = e == e[c]
             if np.count_nonzero(ties) > 1:
                 ok = np.flatnonzero(ties & (ls <= tau))
                 if len(ok):
                     c = int(ok[0])
+                    lc = float(ls[c])
                 elif g.n_active < self._beta:
                     return -1
             elif g.n_active < self._beta:
                 return -1
         g.box[c] = u[c]
-        g.lsum[c] = ls[c]
-        self._attach(c, s)
+        g.lsum[c] = lc
+        if self._plain:  # no person id, no l-diversity, no age pressure: the bookkeeping of _attach, inlined
+            g.members[c].append(s)
+            n = g.n[c] + 1
+            g.n[c] = n
+            g.size[c] = n
+            self.slot_cluster[s] = c
+            self.gamma_records += 1
+            if g.weighted:
+                g.wnew[c] = n + 1
+                g.base[c] = n * lc
+            else:
+                g.base[c] = lc
+        else:
+            self._attach(c, s)
         return c
 
     def _attach(self, c: int, s: int) -> None:
