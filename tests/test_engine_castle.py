@@ -264,3 +264,22 @@ def test_bad_parameters_name_parameter_range_and_value(kwargs: dict[str, Any], p
     assert e.value.parameter == parameter
     assert str(e.value).startswith(f"{parameter}: must be")
     assert repr(kwargs[parameter]) in str(e.value)
+
+
+def test_flush_mid_stream_then_continue() -> None:
+    run = Run(k=2, delta=4, beta=2, mu=2)
+    for i in range(7):
+        run.push(i * 13 % 100, ["62201", "35733", "35791"][i % 3])
+    run.flush()
+    assert run.engine.buffered_records == 0 and run.engine.open_clusters == 0
+    for i in range(7, 20):
+        run.push(i * 13 % 100, ["62201", "35733", "35791"][i % 3])
+        assert run.engine.buffered_records <= 4
+    run.flush()
+    ids = sorted(int(i[1:]) for r in run.releases for i in r.record_ids)
+    assert ids == list(range(20))
+    assert max(d for r in run.releases for d in r.delays) <= 4
+    people: dict[str, int] = {}
+    for r in run.classes():
+        people[r.class_id] = people.get(r.class_id, 0) + len(r.record_ids)
+    assert all(n >= 2 for n in people.values())

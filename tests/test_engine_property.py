@@ -98,7 +98,7 @@ def covers(schema: Schema, gen: Mapping[str, str], rec: Mapping[str, Any]) -> bo
     return True
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_releases_are_k_anonymous_cover_and_account_for_every_record(scenario: Any) -> None:
     schema, cfg, recs = scenario

@@ -12,6 +12,7 @@ BENCHES: dict[str, str] = {
     "ldp-categorical": "stream_anon.bench.ldp_categorical",  # k-RR, random substitution, l-extended tables
     "ldp-numeric": "stream_anon.bench.ldp_numeric",      # bounded Laplace speed, eps selection, DP k-means
     "service": "stream_anon.bench.service",             # end-to-end throughput through the real broker
+    "udp-loss": "replay_tools.udp_bench",               # UDP loss on loopback at several rates
 }
 
 
