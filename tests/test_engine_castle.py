@@ -283,3 +283,20 @@ def test_flush_mid_stream_then_continue() -> None:
     for r in run.classes():
         people[r.class_id] = people.get(r.class_id, 0) + len(r.record_ids)
     assert all(n >= 2 for n in people.values())
+
+
+def test_split_keeps_each_individual_in_one_class() -> None:
+    run = Run(toy_schema(person_id=True), k=2, delta=10, beta=1, mu=1, seed=5)
+    pids = ["p0", "p0", "p1", "p2", "p3", "p4", "p4"]
+    for x, pid in zip([1, 2, 3, 50, 51, 90, 91], pids, strict=True):
+        run.push(x, "35733", pid=pid)
+    run.flush()
+    classes = run.classes()
+    assert len(classes) == 2  # 5 individuals >= 2k: KNN split into 2 groups of 2, the 5th joins the nearer one
+    owner: dict[str, str] = {}
+    for c in classes:
+        who = {r["pid"] for r in c.records}
+        assert c.size == len(who) >= 2
+        for r in c.records:
+            assert owner.setdefault(r["pid"], c.class_id) == c.class_id  # never split across classes
+    assert sum(len(c.record_ids) for c in classes) == 7

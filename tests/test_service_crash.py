@@ -121,6 +121,10 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
     proc = start(len(schedule))
     counts = stats.partition_counts
     deadline = time.monotonic() + 120
+    while "main path: consuming" not in logs[-1].read_text():  # up (signal handlers installed)
+        assert proc.poll() is None, f"service exited: {logs[-1].read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "service did not start"
+        time.sleep(0.1)
     while committed(monitor, topic) != {p: counts.get(p, 0) + 1 for p in range(PARTITIONS)}:
         assert proc.poll() is None, f"service exited: {logs[-1].read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"not drained: {committed(monitor, topic)} vs {counts}"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,10 +251,10 @@ class _PerRecordEngine:
     def __init__(self, engine: Engine) -> None:
         self._e = engine
 
-    def push(self, record: dict[str, object], now: float | None = None) -> list[object]:
+    def push(self, record: Mapping[str, Any], now: float | None = None) -> list[Any]:
         return self._e.push(record, now)
 
-    def flush(self, now: float | None = None) -> list[object]:
+    def flush(self, now: float | None = None) -> list[Any]:
         return self._e.flush(now)
 
     @property

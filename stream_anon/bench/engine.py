@@ -156,6 +156,31 @@ def grid(schema: Schema, cols: dict[str, list[Any]], records: list[dict[str, Any
     return rows
 
 
+def variants(schema: Schema, cols: dict[str, list[Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The options beside the default (k=10, delta=1000, beta=50, mu=100): leftover, l, adaptive delay, ..."""
+    base = EngineConfig(k=10, delta=1000, beta=50, mu=100)
+    configs = [("castle (default)", base), ("leftover", replace(base, leftover="leftover")),
+               ("l=2", replace(base, l=2)), ("adaptive delay [250,1000]", replace(base, adaptive_delay=True)),
+               ("loss=lm", replace(base, loss="lm")), ("zeta=0 (no reuse)", replace(base, zeta=0)),
+               ("ubdsa", replace(base, algorithm="ubdsa", loss="ubdsa")),
+               ("ubdsa, loss=gt", replace(base, algorithm="ubdsa")),
+               ("ubdsa + leftover", replace(base, algorithm="ubdsa", loss="ubdsa", leftover="leftover"))]
+    rows = []
+    for name, cfg in configs:
+        rows.append({"name": name, **measure(schema, cfg, cols, records, repeat=1)})
+    return rows
+
+
+def variants_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| variant | GT | CAIL | CASTLE loss | suppressed | reused | classes | mean delay | max delay | late (> delta) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['gt_loss']:.4f} | {r['ubdsa_loss']:.4f} | {r['castle_loss']:.4f} | "
+                     f"{r['records_suppressed']} | {r['records_reused']} | {r['classes']} | {r['mean_delay']:.0f} | "
+                     f"{r['max_delay']} | {r['late_share']:.2%} |")
+    return "\n".join(lines)
+
+
 def grid_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| k | beta=mu | delta | algorithm | scored by | GT | LM (sum over 14 QIs) | LM/J | CAIL | suppressed "
              "| reused | mean delay | max delay | records/s |",
@@ -174,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one timing run, a reduced grid (beta=mu=50, delta=1000)")
     ap.add_argument("--repeat", type=int, default=None, help="timing runs per configuration (best is reported)")
     ap.add_argument("--no-grid", action="store_true", help="skip part 3")
+    ap.add_argument("--variants", action="store_true",
+                    help="also run the options table (leftover, l=2, adaptive delay, lm, zeta=0, ubdsa) at k=10")
     ap.add_argument("--json", default=None, help="write every measured figure to this JSON file")
     args = ap.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -223,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = grid(schema, cols, records, args.quick)
         result["grid"] = rows
         print(grid_table(rows))
+    if args.variants:
+        print("\n## 4. Options at k=10, delta=1000, beta=50, mu=100, all 14 QIs", flush=True)
+        vrows = variants(schema, cols, records)
+        result["variants"] = vrows
+        print(variants_table(vrows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, default=float)

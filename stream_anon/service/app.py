@@ -35,14 +35,8 @@ from stream_anon.service.kafka_io import (
     retry,
 )
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
-from stream_anon.service.pipeline import (
-    BatchStats,
-    EngineLike,
-    InputMessage,
-    PartitionPipeline,
-    PipelineSettings,
-    ReadBackScan,
-)
+from stream_anon.service.pipeline import BatchStats, EngineLike, PipelineSettings, ReadBackScan
+from stream_anon.service.workers import InlineBackend, ProcessBackend, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +133,23 @@ class _Rebalance(ConsumerRebalanceListener):
         self.main.assigned.set()
 
 
+@dataclass
+class PartitionStatus:
+    """What the Kafka loop knows of a partition's pipeline (it may run in a worker process)."""
+
+    partition: int
+    watermark: int
+    next_offset: int
+    buffered: int = 0
+    open_clusters: int = 0
+
+
 class MainPath:
-    """The main path of one service member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
+    """The main path of one service member.  ``run()`` until ``stop_event`` is set; returns an exit code.
+
+    ``service.workers`` = 0 runs the pipelines inline; >= 1 in that many worker processes (needs the default
+    engine: a custom ``engine_factory`` forces inline).
+    """
 
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
@@ -148,12 +157,13 @@ class MainPath:
         self.cfg = cfg
         self.metrics = metrics if metrics is not None else ServiceMetrics(CollectorRegistry())
         self.schema = schema if schema is not None else load_schema(cfg)
+        self._custom_engine = engine_factory is not None
         self.engine_factory = engine_factory or make_engine_factory(cfg, self.schema)
         self.settings = pipeline_settings(cfg)
         self.stop_event = stop_event or threading.Event()
         self.ready = threading.Event()  # clients connected, subscribed
         self.assigned = threading.Event()  # the group gave this member its partitions (at least once)
-        self.states: dict[int, PartitionPipeline] = {}
+        self.states: dict[int, PartitionStatus] = {}
         self.totals = MainPathTotals()
         self.highwater: dict[int, int] = {}
         self.committed: dict[int, int] = {}
@@ -162,6 +172,7 @@ class MainPath:
         self._producer: ReliableProducer | None = None
         self._consumer: Any = None
         self._reader: OutputReader | None = None
+        self._backend: Any = None
         m = self.metrics
         m.k_parameter.set(cfg.anonymization.k)
         m.delay_bound_arrivals.set(cfg.anonymization.delta)
@@ -183,21 +194,28 @@ class MainPath:
         except BrokerUnavailableError as e:
             log.error("%s", e)
             return 3
+        if cfg.service.workers > 0 and not self._custom_engine:
+            self._backend = ProcessBackend(cfg, cfg.service.workers)
+        else:
+            self._backend = InlineBackend(self.schema, self.settings, self.engine_factory)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         log.info("main path: consuming %s as group %r (k=%d, delta=%d, beta=%d) -> %s, %s, %s",
                  cfg.topics.input, cfg.kafka.group_id, cfg.anonymization.k, cfg.anonymization.delta,
                  cfg.anonymization.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq)
         self.ready.set()
+        rc = 0
         try:
             self._loop()
+        except WorkerError as e:
+            log.error("%s; stopping (a restart resumes from the committed watermarks)", e)
+            rc = 1
         finally:
-            self._shutdown()
-        return 0
+            self._shutdown(clean=rc == 0)
+        return rc
 
     def _loop(self) -> None:
         cfg = self.cfg
         consumer = self._consumer
-        assert self._producer is not None
         commit_every = cfg.service.commit_interval_ms / 1000.0
         last_commit = time.monotonic()
         max_records = cfg.kafka.max_poll_records
@@ -205,54 +223,51 @@ class MainPath:
             batch = consumer.poll(timeout_ms=cfg.service.poll_timeout_ms, max_records=max_records)
             now = time.time()
             for tp, recs in batch.items():
-                if not recs:
-                    continue
-                self._process(tp.partition, recs, now)
+                if recs:
+                    self._submit(tp.partition, recs, now)
             if cfg.anonymization.max_delay_seconds is not None:
-                self._expire(now)
+                for p, st in self.states.items():
+                    if st.buffered:
+                        self._backend.submit("expire", p, (), now)
             if cfg.service.idle_flush_seconds > 0:
                 self._idle_flush(now)
+            self._collect(wait_all=False)
             if time.monotonic() - last_commit >= commit_every:
                 self._commit()
                 self._update_position_metrics()
                 last_commit = time.monotonic()
 
-    def _process(self, partition: int, recs: list[Any], now: float) -> None:
-        state = self.states.get(partition)
-        if state is None:
+    def _submit(self, partition: int, recs: list[Any], now: float) -> None:
+        if partition not in self.states:
             start = self._start_offset(partition, recs[0].offset)
             if start is None:
                 return  # seeked back to the committed watermark: the next poll delivers from there
             recs = [r for r in recs if r.offset >= start]
             if not recs:
                 return
-            state = self._recover(partition, start)
-        msgs = [InputMessage(r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs]
-        t0 = time.perf_counter()
-        result = state.process(msgs, now)
-        elapsed = time.perf_counter() - t0
-        assert self._producer is not None
-        self._producer.send(result.outputs)
+            self._recover(partition, start)
+        self._backend.submit("process", partition, [(r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs],
+                             now)
         self._last_input[partition] = now
-        self._account(partition, result.stats, elapsed, len(msgs))
 
-    def _expire(self, now: float) -> None:
+    def _collect(self, *, wait_all: bool) -> None:
+        """Produce the outputs of finished batches and take over the partitions' new watermarks."""
         assert self._producer is not None
-        for p, state in self.states.items():
-            result = state.expire(now)
-            if result.outputs:
-                self._producer.send(result.outputs)
-                self._account(p, result.stats, 0.0, 0)
+        for res in self._backend.results(wait_all=wait_all):
+            self._producer.send(res.outputs)
+            st = self.states.get(res.partition)
+            if st is not None:
+                st.watermark, st.buffered = res.watermark, res.buffered
+                st.open_clusters, st.next_offset = res.open_clusters, res.next_offset
+            self._account(res.partition, res.stats, res.elapsed, res.n_messages)
 
     def _idle_flush(self, now: float) -> None:
-        assert self._producer is not None
-        for p, state in self.states.items():
-            if state.buffered and now - self._last_input.get(p, now) >= self.cfg.service.idle_flush_seconds:
+        for p, st in self.states.items():
+            if st.buffered and now - self._last_input.get(p, now) >= self.cfg.service.idle_flush_seconds:
                 log.info("partition %d idle for %.1f s: flushing %d buffered records", p,
-                         self.cfg.service.idle_flush_seconds, state.buffered)
-                result = state.flush(now)
-                self._producer.send(result.outputs)
-                self._account(p, result.stats, 0.0, 0)
+                         self.cfg.service.idle_flush_seconds, st.buffered)
+                self._backend.submit("flush", p, (), now)
+                self._last_input[p] = now
 
     def _start_offset(self, partition: int, first_offset: int) -> int | None:
         """Where a partition's new state must start: its committed watermark.
@@ -272,9 +287,9 @@ class MainPath:
                      "rebalance): seeking back", partition, first_offset, committed)
             self._consumer.seek(tp, committed)
             return None
-        return max(first_offset, committed) if first_offset < committed else first_offset
+        return max(first_offset, committed)
 
-    def _recover(self, partition: int, first_offset: int) -> PartitionPipeline:
+    def _recover(self, partition: int, first_offset: int) -> None:
         """Build partition state starting at ``first_offset``: read back the outputs for already released records."""
         assert self._reader is not None and self._producer is not None
         t0 = time.monotonic()
@@ -293,15 +308,12 @@ class MainPath:
             released |= scan.released
             horizon = max(horizon, scan.horizon)
             n_read += scan.messages_read
-        state = PartitionPipeline(partition, self.schema, self.engine_factory(partition), self.settings,
-                                  incarnation=secrets.token_hex(3), start_offset=first_offset,
-                                  already_released=released, horizon=horizon)
-        self.states[partition] = state
+        self._backend.create(partition, first_offset, sorted(released), horizon, secrets.token_hex(3))
+        self.states[partition] = PartitionStatus(partition, watermark=first_offset, next_offset=first_offset)
         self.totals.recoveries += 1
         log.info("partition %d: starting at offset %d; read back %d output messages in %.2f s: %d records at or "
                  "after it already released (will be skipped), horizon %d", partition, first_offset, n_read,
                  time.monotonic() - t0, len(released), horizon)
-        return state
 
     # ------------------------------------------------------------------ accounting
     def _account(self, partition: int, s: BatchStats, elapsed: float, n_msgs: int) -> None:
@@ -333,34 +345,37 @@ class MainPath:
             m.gt_loss.set(t.gt_loss)
         if n_msgs:
             m.processing_seconds.observe(elapsed / n_msgs)
-        state = self.states.get(partition)
-        if state is not None:
-            m.buffered_records.labels(partition=str(partition)).set(state.buffered)
-            m.open_clusters.labels(partition=str(partition)).set(getattr(state.engine, "open_clusters", 0))
+        st = self.states.get(partition)
+        if st is not None:
+            m.buffered_records.labels(partition=str(partition)).set(st.buffered)
+            m.open_clusters.labels(partition=str(partition)).set(st.open_clusters)
 
     def _update_position_metrics(self) -> None:
         consumer, topic = self._consumer, self.cfg.topics.input
-        for p, state in self.states.items():
+        for p, st in self.states.items():
             hw = consumer.highwater(TopicPartition(topic, p))
             if hw is not None:
                 self.highwater[p] = int(hw)
-                self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - state.next_offset))
+                self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - st.next_offset))
 
     # ------------------------------------------------------------------ commits
     def _watermarks(self, partitions: list[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
         topic = self.cfg.topics.input
         out = {}
         for p in partitions if partitions is not None else list(self.states):
-            state = self.states.get(p)
-            if state is None:
+            st = self.states.get(p)
+            if st is None:
                 continue
-            w = state.watermark
-            if self.committed.get(p) != w:
-                out[TopicPartition(topic, p)] = OffsetAndMetadata(w, None, -1)
+            if self.committed.get(p) != st.watermark:
+                out[TopicPartition(topic, p)] = OffsetAndMetadata(st.watermark, None, -1)
         return out
 
     def _commit(self, *, sync: bool = False) -> None:
-        """Flush (every output acknowledged), then commit each partition's watermark."""
+        """Flush (every output of every finished batch acknowledged), then commit each partition's watermark.
+
+        The watermarks are those reported with the finished batches whose outputs were just flushed; batches
+        still in a worker are not covered (their partitions' watermarks stay where they were).
+        """
         assert self._producer is not None
         self._producer.flush()
         offsets = self._watermarks()
@@ -383,26 +398,31 @@ class MainPath:
             log.warning("asynchronous commit failed (%r); the next commit supersedes it", response)
 
     def on_revoked(self, partitions: list[int]) -> None:
-        """Rebalance: commit what is safe for the revoked partitions (async: no blocking consumer call), drop them."""
+        """Rebalance: finish in-flight batches, commit what is safe for the revoked partitions (async: no
+        blocking consumer call), drop their state."""
         owned = [p for p in partitions if p in self.states]
         if not owned:
             return
         assert self._producer is not None
+        self._collect(wait_all=True)
         self._producer.flush()
         offsets = self._watermarks(owned)
         if offsets:
             self._consumer.commit_async(offsets, callback=self._commit_done)
+        self._backend.drop(owned)
         for p in owned:
             self._seeked.pop(p, None)
-            state = self.states.pop(p)
+            st = self.states.pop(p)
             self.committed.pop(p, None)
             log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "
-                     "rebuilds them)", p, state.watermark, state.buffered)
+                     "rebuilds them)", p, st.watermark, st.buffered)
             self.metrics.buffered_records.labels(partition=str(p)).set(0)
             self.metrics.open_clusters.labels(partition=str(p)).set(0)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, clean: bool = True) -> None:
         try:
+            if clean and self._backend is not None:
+                self._collect(wait_all=True)
             if self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
         except Exception as e:
@@ -418,6 +438,8 @@ class MainPath:
                 self._producer.producer.close(timeout=10)
             except Exception:
                 pass
+        if self._backend is not None:
+            self._backend.close()
         log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d",
                  self.totals.consumed, self.totals.released, self.totals.suppressed, self.totals.dead_lettered,
                  self.totals.skipped)

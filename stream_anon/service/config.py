@@ -56,6 +56,7 @@ class KafkaSettings:
     max_poll_interval_ms: int = 300000
     max_poll_records: int = 5000
     fetch_max_bytes: int = 52428800
+    fetch_max_wait_ms: int = 100
     max_partition_fetch_bytes: int = 1048576
     linger_ms: int = 20
     batch_size: int = 262144
@@ -133,6 +134,7 @@ class ServiceSettings:
 
     max_message_bytes: int = 65536  # larger input messages go to the DLQ as "oversized"
     dlq_max_bytes: int = 1000000  # original bytes kept in a DLQ entry (longer ones are truncated, flagged)
+    workers: int = 1  # pipeline worker processes (0 = in the service's thread); partition p -> worker p mod n
     commit_interval_ms: int = 500  # flush producer + commit watermarks at most this often
     poll_timeout_ms: int = 200
     idle_flush_seconds: float = 0.0  # >0: flush a partition's engine after this long without input (0 = never)
@@ -213,6 +215,7 @@ class Config:
             ("anonymization.leftover", a.leftover in ("suppress", "leftover"), "suppress or leftover", a.leftover),
             ("service.max_message_bytes", self.service.max_message_bytes > 0, "a positive integer",
              self.service.max_message_bytes),
+            ("service.workers", self.service.workers >= 0, "an integer >= 0 (0 = inline)", self.service.workers),
             ("service.commit_interval_ms", self.service.commit_interval_ms >= 0, "an integer >= 0",
              self.service.commit_interval_ms),
             ("service.metrics_port", 0 <= self.service.metrics_port <= 65535, "0 (off) or a port 1-65535",

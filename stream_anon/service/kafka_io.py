@@ -123,6 +123,7 @@ def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
         heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),
         max_poll_interval_ms=k.max_poll_interval_ms, max_poll_records=k.max_poll_records,
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
+        fetch_max_wait_ms=k.fetch_max_wait_ms,
     )
 
 

@@ -28,6 +28,7 @@ import heapq
 import inspect
 import json
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -106,7 +107,6 @@ class BatchStats:
     control: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
     delays: list[int] = field(default_factory=list)
-    delays_seconds: list[float] = field(default_factory=list)
     ingest_latency_seconds: list[float] = field(default_factory=list)
     class_losses: list[float] = field(default_factory=list)
     class_sizes: list[int] = field(default_factory=list)
@@ -330,12 +330,15 @@ class PartitionPipeline:
         self._id_field = schema.record_id or "id"
         self._sensitive = [a.name for a in schema.sensitive]
         self._qis = [a.name for a in schema.qis]
+        self._qi_getter = operator.itemgetter(*self._qis) if len(self._qis) > 1 else (
+            lambda rec: (rec[self._qis[0]],))
         # vectorized QI encoding when the engine offers encode_many(columns) + push_encoded(record, row, now)
         self._encode_many = getattr(engine, "encode_many", None)
         self._push_encoded = getattr(engine, "push_encoded", None)
         if self._encode_many is None or self._push_encoded is None or \
                 len(inspect.signature(self._push_encoded).parameters) != 3:
             self._push_encoded = None
+        self._release_prefix = f"{settings.input_topic}/{partition}/"
         self._src_headers = ((H_SRC_TOPIC, settings.input_topic.encode()),
                              (H_SRC_PARTITION, str(partition).encode()))
 
@@ -353,7 +356,7 @@ class PartitionPipeline:
         return heap[0] if heap else self.next_offset
 
     def release_id(self, offset: int) -> str:
-        return f"{self.settings.input_topic}/{self.partition}/{offset}"
+        return f"{self._release_prefix}{offset}"
 
     # ---------------------------------------------------------------- processing
     def process(self, messages: Sequence[InputMessage], now: float | None = None) -> BatchResult:
@@ -403,8 +406,9 @@ class PartitionPipeline:
         rows = None
         if self._push_encoded is not None and len(run) > 1:
             try:
-                columns = {q: [rec[q] for _, rec in run] for q in self._qis}
-                rows = self._encode_many(columns)  # type: ignore[misc]
+                getter = self._qi_getter
+                cols = zip(*[getter(rec) for _, rec in run], strict=True)
+                rows = self._encode_many(dict(zip(self._qis, cols, strict=True)))  # type: ignore[misc]
             except Exception:  # fall back to one push per record (same result)
                 rows = None
         push, push_encoded = self.engine.push, self._push_encoded
@@ -440,24 +444,27 @@ class PartitionPipeline:
               now: float | None) -> None:
         s = self.settings
         horizon = str(self.horizon).encode()
+        pop = self._buffered.pop
+        sens = self._sensitive
+        prefix = self._release_prefix
+        lat_append = stats.ingest_latency_seconds.append
         for r in releases:
             offsets = [int(o) for o in r.record_ids]
+            is_class = r.kind == "class"
             entries = []
-            for i, off in enumerate(offsets):
-                rid, ts = self._buffered.pop(off, (None, None))
-                entry: dict[str, Any] = {"record_id": rid, "src_offset": off, "release_id": self.release_id(off),
-                                         "delay": int(r.delays[i]), "position_delay": trigger - off}
-                if r.kind == "class":
-                    rec = r.records[i]
-                    for name in self._sensitive:
+            for off, d, rec in zip(offsets, r.delays, r.records, strict=True):
+                rid, ts = pop(off, (None, None))
+                entry: dict[str, Any] = {"record_id": rid, "src_offset": off, "release_id": prefix + str(off),
+                                         "delay": int(d), "position_delay": trigger - off}
+                if is_class:
+                    for name in sens:
                         entry[name] = rec[name]
-                entries.append(entry)
                 if ts is not None and now is not None:
-                    lat = max(0.0, now - ts)
+                    lat = now - ts if now > ts else 0.0
                     entry["latency_s"] = round(lat, 4)
-                    stats.ingest_latency_seconds.append(lat)
-            stats.delays.extend(int(d) for d in r.delays)
-            stats.delays_seconds.extend(float(d) for d in r.delays_seconds)
+                    lat_append(lat)
+                entries.append(entry)
+            stats.delays.extend(r.delays)
             first = min(offsets) if offsets else trigger
             body: dict[str, Any] = {
                 "kind": r.kind,

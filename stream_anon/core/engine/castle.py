@@ -102,6 +102,7 @@ class Engine:
         self.recent_losses: deque[float] = deque(maxlen=config.mu)
         self.tau = 0.0
         self.tau_sum = 0.0  # tau * J (losses are summed over QIs internally)
+        self._recent_sum = 0.0  # running sum of recent_losses
         self.leftover: deque[tuple[int, int]] = deque()  # (slot, deadline position)
         self.leftover_pids: dict[Any, int] = {}
         self.leftover_sens: dict[Any, int] = {}
@@ -127,6 +128,8 @@ class Engine:
         self._ones_c = self.enc.ones_c
         self._jc = self.enc.jc
         self._work = _Work(self.gamma.capacity, self.enc.width, self.enc.jc)
+        self._rand_buf: list[float] = []
+        self._rand_i = 0
 
     # ================================================================== public API
     @property
@@ -354,14 +357,14 @@ class Engine:
         cover = om.covering(self.V[s], self.p)
         if len(cover) == 0:
             return False
-        i = int(cover[0]) if len(cover) == 1 else int(cover[int(self.rng.integers(len(cover)))])
+        i = int(cover[0]) if len(cover) == 1 else int(cover[self._randint(len(cover))])
         meta = om.meta[i]
         assert meta is not None
         class_id, generalized, loss, size = meta
         if not leftover:
             self._detach(s)
         self._out.append(Release(
-            class_id=class_id, kind="class", generalized=generalized,
+            class_id=class_id, kind="class", generalized=dict(generalized),
             record_ids=(self._rid(s),), records=(self.slot_record[s],),  # type: ignore[arg-type]
             delays=(self.p - self.slot_pos[s],), delays_seconds=(self._now - self.slot_time[s],),
             loss=loss, size=size, reused=True, leftover=leftover))
@@ -548,11 +551,16 @@ class Engine:
         if not castle:
             return
         rl = self.recent_losses
+        if len(rl) == rl.maxlen:
+            self._recent_sum -= rl[0]
         rl.append(score)
-        self.tau_sum = sum(rl) / len(rl)
+        self._recent_sum += score
+        if self.n_classes % 4096 == 0:  # re-sum now and then: no drift of the running sum on endless streams
+            self._recent_sum = sum(rl)
+        self.tau_sum = self._recent_sum / len(rl)
         self.tau = self.tau_sum / self.j
         if score < self.tau_sum:
-            self.omega.add(enc.cover_of(box, nodes), p, (class_id, generalized, loss, size))
+            self.omega.add(enc.cover_of(box, nodes), p, (class_id, dict(generalized), loss, size))
         if self.config.adaptive_delay:
             self._adapt_delay(tuple(generalized.values()))
 
@@ -603,10 +611,18 @@ class Engine:
             return [list(members)]
         return groups
 
+    def _randint(self, n: int) -> int:
+        """Uniform integer in [0, n) from the engine's generator (drawn in blocks: one numpy call per 256)."""
+        if self._rand_i >= len(self._rand_buf):
+            self._rand_buf = self.rng.random(256).tolist()
+            self._rand_i = 0
+        u = self._rand_buf[self._rand_i]
+        self._rand_i += 1
+        return min(int(u * n), n - 1)
+
     def _reps(self, units: Sequence[list[int]]) -> np.ndarray:
         """One random record per unit (the unit's representative for distances)."""
-        rng = self.rng
-        return np.fromiter((u[0] if len(u) == 1 else u[int(rng.integers(len(u)))] for u in units),
+        return np.fromiter((u[0] if len(u) == 1 else u[self._randint(len(u))] for u in units),
                            dtype=np.int64, count=len(units))
 
     def _split_knn(self, units: list[list[int]]) -> list[list[int]]:
@@ -616,13 +632,12 @@ class Engine:
         they enlarge least."""
         k = self.k
         enc = self.enc
-        rng = self.rng
         V = self.V
         groups: list[list[int]] = []
         if all(len(u) == 1 for u in units):  # no person id: units are single records, stay in arrays
             rem = np.fromiter((u[0] for u in units), dtype=np.int64, count=len(units))
             while len(rem) >= k:
-                i = int(rng.integers(len(rem)))
+                i = self._randint(len(rem))
                 t = int(rem[i])
                 rem[i] = rem[-1]
                 rem = rem[:-1]
@@ -641,9 +656,9 @@ class Engine:
             return groups
         units = list(units)
         while len(units) >= k:
-            i = int(rng.integers(len(units)))
+            i = self._randint(len(units))
             seed_unit = units.pop(i)
-            t = seed_unit[0] if len(seed_unit) == 1 else seed_unit[int(rng.integers(len(seed_unit)))]
+            t = seed_unit[0] if len(seed_unit) == 1 else seed_unit[self._randint(len(seed_unit))]
             reps = self._reps(units)
             d = enc.score_rows(np.minimum(V[reps], V[t]))
             nn = np.argpartition(d, k - 2)[: k - 1] if len(units) > k - 1 else np.arange(len(units))
@@ -663,7 +678,6 @@ class Engine:
         units remain; the rest go to the nearest group."""
         k, l_ = self.k, int(self.l)  # type: ignore[arg-type]
         enc = self.enc
-        rng = self.rng
         buckets: dict[Any, list[list[int]]] = {}
         for u in units:
             buckets.setdefault(self.slot_sens[u[0]], []).append(u)
@@ -673,9 +687,9 @@ class Engine:
             total = sum(len(buckets[v]) for v in live)
             if len(live) < l_ or total < k:
                 break
-            v0 = live[int(rng.integers(len(live)))]
+            v0 = live[self._randint(len(live))]
             b0 = buckets[v0]
-            seed_unit = b0.pop(int(rng.integers(len(b0))))
+            seed_unit = b0.pop(self._randint(len(b0)))
             t = seed_unit[0]
             grp = list(seed_unit)
             taken = 1
@@ -714,21 +728,18 @@ class Engine:
         return groups
 
     def _assign_rest(self, groups: list[list[int]], units: Sequence[list[int]]) -> None:
-        """Each remaining unit joins the group whose box it enlarges least (size-weighted scoring loss)."""
+        """Each remaining unit joins the sub-cluster it enlarges least (size-weighted scoring loss against the
+        sub-clusters as the KNN step formed them; all units x all sub-clusters in one vectorized expression)."""
         enc = self.enc
-        boxes = np.stack([self.V[np.array(grp)].min(axis=0) for grp in groups])
+        V = self.V
+        boxes = np.stack([V[np.array(grp)].min(axis=0) for grp in groups])  # (G, 2J)
         n = np.array([len(grp) for grp in groups], dtype=np.float64)
-        base = enc.score_rows(boxes)
-        for u in units:
-            ubox = self.V[np.array(u)].min(axis=0)
-            union = np.minimum(boxes, ubox)
-            ls = enc.score_rows(union)
-            e = (n + len(u)) * ls - n * base
-            gi = int(e.argmin())
+        ubox = np.stack([V[np.array(u)].min(axis=0) for u in units])  # (R, 2J)
+        m = np.array([len(u) for u in units], dtype=np.float64)
+        ls = enc.score_rows(np.minimum(ubox[:, None, :], boxes[None, :, :]))  # (R, G)
+        e = (n[None, :] + m[:, None]) * ls - n[None, :] * enc.score_rows(boxes)[None, :]
+        for u, gi in zip(units, e.argmin(axis=1).tolist(), strict=True):
             groups[gi].extend(u)
-            boxes[gi] = union[gi]
-            base[gi] = ls[gi]
-            n[gi] += len(u)
 
     # ================================================================== wall clock and leftover
     def _expire_seconds(self, now: float) -> None:

@@ -134,38 +134,6 @@ class QIEncoder:
             out = out + self.score_table.take(r[..., 1:].astype(np.intp)) @ self.ones_c
         return out
 
-    def decode(self, box: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(numeric min, numeric max, min leaf, max leaf) of one box row."""
-        nlo = box[self.sx]
-        nhi = -box[self.snx]
-        clo = ((box[self.sa] - self.offsets) // np.maximum(self.m, 1)).astype(np.int64)
-        chi = (-box[self.snb]).astype(np.int64)
-        return nlo, nhi, clo, chi
-
-    def losses_of_box(self, box: np.ndarray) -> tuple[np.ndarray, float]:
-        """Per-attribute l_a of one box (numeric then categorical) and its scoring loss summed over QIs."""
-        nlo, nhi, clo, chi = self.decode(box)
-        num = (nhi - nlo) * self.num_inv_range
-        idx = self.offsets + clo * self.m + chi
-        gt = np.concatenate([num, self.gt_table[idx]]) if self.jc else num
-        sc = float(num.sum() + (self.score_table[idx].sum() if self.jc else 0.0))
-        return gt, sc
-
-    def labels_of_box(self, box: np.ndarray) -> dict[str, str]:
-        """The released strings: ``"[lo-hi]"`` per numeric QI, the LCA node label per categorical QI."""
-        nlo, nhi, clo, chi = self.decode(box)
-        out: dict[str, str] = {}
-        lo_l, hi_l = nlo.tolist(), nhi.tolist()
-        for t, a in enumerate(self.numeric):
-            if a.integer:
-                out[a.name] = f"[{int(lo_l[t])}-{int(hi_l[t])}]"  # == format_interval for integers
-            else:
-                out[a.name] = format_interval(lo_l[t], hi_l[t])
-        clo_l, chi_l = clo.tolist(), chi.tolist()
-        for t, a in enumerate(self.categorical):
-            out[a.name] = a.hierarchy.label_of_range(clo_l[t], chi_l[t])  # type: ignore[union-attr]
-        return out
-
     def describe(self, box: np.ndarray) -> tuple[dict[str, str], float, float, list[int]]:
         """One released box -> (released strings, per-record loss mean_a l_a, scoring loss summed over QIs,
         LCA node per categorical QI).  Pure Python on ``box.tolist()`` (called once per released class)."""
@@ -199,17 +167,6 @@ class QIEncoder:
         for t, node in enumerate(nodes):
             out[jn + t] = self._offsets[t] + self._node_lo[t][node] * self._m[t]
             out[j + jn + t] = -self._node_hi[t][node]
-        return out
-
-    def cover_box(self, box: np.ndarray) -> np.ndarray:
-        """The released generalization as a box: categorical ranges widened to the LCA node's full leaf range
-        (a record is covered by the release iff ``cover_box <= v``)."""
-        out = box.copy()
-        nlo, nhi, clo, chi = self.decode(box)
-        for t, h in enumerate(self.hierarchies):
-            node = h.lca[int(clo[t]), int(chi[t])]  # type: ignore[union-attr]
-            out[self.jn + t] = self.offsets[t] + int(h.node_leaf_lo[node]) * self.m[t]  # type: ignore[union-attr]
-            out[self.j + self.jn + t] = -int(h.node_leaf_hi[node])  # type: ignore[union-attr]
         return out
 
 
