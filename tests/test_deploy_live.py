@@ -58,6 +58,8 @@ NO_SAMPLE_REASONS = {
     "stream_anon_estimate_standard_error": "only after the side paths publish their first periodic estimate",
     "stream_anon_epsilon_budget_remaining": "only when the side paths set their budget gauges",
     "stream_anon_epsilon_budget_total": "only when the side paths set their budget gauges",
+    "stream_anon_side_outputs_refused_total": "only when a privacy budget is exhausted",
+    "stream_anon_side_records_skipped_total": "only when the side paths meet an invalid input",
 }
 
 
@@ -222,7 +224,8 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
     unexplained = declared_only - set(NO_SAMPLE_REASONS)
     assert not unexplained, f"declared but without samples after the replay, and not explained: {unexplained}"
     # the replay exercised the main path and the side paths: these have real samples
-    for n in ("stream_anon_epsilon_spent_total", "stream_anon_side_records_published_total","stream_anon_records_consumed_total", "stream_anon_records_released_total",
+    for n in ("stream_anon_epsilon_spent_total", "stream_anon_side_records_published_total",
+              "stream_anon_side_records_consumed_total","stream_anon_records_consumed_total", "stream_anon_records_released_total",
               "stream_anon_records_dead_lettered_total", "stream_anon_release_delay_arrivals_bucket",
               "stream_anon_class_size_bucket", "stream_anon_consumer_lag", "stream_anon_buffered_records",
               "stream_anon_udp_gaps_total", "stream_anon_delay_bound_arrivals"):

@@ -131,6 +131,7 @@ REQUIRED_ALERTS = {
     "StreamAnonPrivacyBudgetNearlyExhausted": {"stream_anon_epsilon_budget_remaining",
                                                "stream_anon_epsilon_budget_total"},
     "StreamAnonKAnonymityViolation": {"stream_anon_k_anonymity_violations_total"},
+    "StreamAnonPrivacyBudgetExhausted": {"stream_anon_side_outputs_refused_total"},
 }
 
 
