@@ -106,7 +106,7 @@ def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(
     app._flush()
     assert metrics.registry.get_sample_value("stream_anon_side_records_published_total",
                                              {"topic": "adult.krr"}) == 300
-    assert metrics.registry.get_sample_value("stream_anon_records_consumed_total", {"topic": "adult.raw#ldp"}) == 300
+    assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total", {"topic": "adult.raw"}) == 300
     assert app.status.epsilon_spent == {"adult.kmeans": 1.0, "adult.krr": 1500.0, "adult.rs": 600.0,
                                         "adult.blap": 1200.0}
 

@@ -173,8 +173,8 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
         assert k["epsilon"] == pytest.approx(1.0) and len(k["centroids"]) == 3
         assert all(17 <= c[0] <= 90 and 1 <= c[1] <= 99 for c in k["centroids"])
     assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": cfg.topics.kmeans}) == 3.0
-    assert metrics.registry.get_sample_value("stream_anon_records_consumed_total",
-                                             {"topic": f"{cfg.topics.input}#ldp"}) == N_RECORDS + 2 + n_parts
+    assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total",
+                                             {"topic": cfg.topics.input}) == N_RECORDS + 2 + n_parts
 
 
 def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: list[dict[str, Any]],

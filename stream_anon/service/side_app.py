@@ -145,9 +145,8 @@ class SidePathApp:
         self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         m = self.metrics
-        self._consumed_metric = (getattr(m, "side_records_consumed", None)
-                                 or m.records_consumed)  # see docs/side-paths.md: label "<input>#ldp"
-        self._consumed_label = self.input_topic if hasattr(m, "side_records_consumed") else f"{self.input_topic}#ldp"
+        self._consumed_metric = m.side_records_consumed  # separate from the main path's records_consumed
+        self._consumed_label = self.input_topic
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
