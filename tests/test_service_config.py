@@ -83,3 +83,14 @@ def test_example_config_loads_and_documents_every_option() -> None:
         assert f"{leaf}:" in text, f"{opt} missing from config.example.yaml"
         assert env_to_option(env_name(opt)) == opt
         assert f"`{opt}`" in docs, f"{opt} missing from docs/service.md"
+
+
+def test_text_options_keep_their_text() -> None:
+    env = {"STREAM_ANON_KAFKA_SASL_PLAIN_PASSWORD": "yes", "STREAM_ANON_KAFKA_CLIENT_ID": "1:30",
+           "STREAM_ANON_ANONYMIZATION_QI": "age,sex", "STREAM_ANON_ANONYMIZATION_L": "null",
+           "STREAM_ANON_SERVICE_IDLE_FLUSH_SECONDS": "2.5", "STREAM_ANON_TOPICS_CREATE": "false"}
+    cfg = Config.load(env=env, overrides={"kafka.ssl_password": "007", "anonymization.sensitive": "income"})
+    assert cfg.kafka.sasl_plain_password == "yes" and cfg.kafka.client_id == "1:30"
+    assert cfg.kafka.ssl_password == "007"
+    assert cfg.anonymization.qi == ["age", "sex"] and cfg.anonymization.l is None
+    assert cfg.service.idle_flush_seconds == 2.5 and cfg.topics.create is False

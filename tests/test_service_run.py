@@ -158,3 +158,56 @@ def test_observe_many_matches_observe() -> None:
     assert sa.keys() == sb.keys()
     for key, val in sa.items():
         assert sb[key] == pytest.approx(val, rel=1e-12)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_idle_flush_releases_a_quiet_partition(broker, adult_path: Path, workers: int) -> None:
+    bs = broker.bootstrap_servers
+    prefix = f"idle{uuid.uuid4().hex[:6]}"
+    cfg = Config.load(env={}, overrides={
+        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+        "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
+        "topics.dlq": f"{prefix}.dlq", "anonymization.k": 5, "anonymization.delta": 500, "anonymization.seed": 2,
+        "service.idle_flush_seconds": 0.5, "service.workers": workers, "service.metrics_port": 0,
+        "side_paths.enabled": False})
+    main = MainPath(cfg)
+    th = threading.Thread(target=main.run, daemon=True)
+    th.start()
+    assert main.ready.wait(30)
+    producer = KafkaProducer(bootstrap_servers=bs)
+    n = 120  # far fewer than delta: nothing would be released without the idle flush
+    for i, rec in enumerate(iter_adult_records(adult_path)):
+        if i == n:
+            break
+        producer.send(cfg.topics.input, key=rec["id"].encode(), value=json.dumps(rec).encode())
+    producer.close()
+    t = main.totals
+    deadline = time.monotonic() + 60
+    while t.released + t.suppressed < n:
+        assert time.monotonic() < deadline and th.is_alive(), t
+        time.sleep(0.1)
+    assert t.released + t.suppressed == n and t.released >= 5
+    while main.committed.get(0) != n:
+        assert time.monotonic() < deadline, main.committed
+        time.sleep(0.1)
+    main.stop_event.set()
+    th.join(30)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_producer_is_idempotent_with_acks_all_on_tansu(broker) -> None:
+    from stream_anon.service.kafka_io import make_producer
+
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers})
+    producer = make_producer(cfg)
+    try:
+        assert producer.config["acks"] in ("all", -1) and producer.config["enable_idempotence"] is True
+        md = producer.send(f"idem{uuid.uuid4().hex[:6]}", value=b"x").get(timeout=30)
+        assert md.offset == 0
+        pid = producer._transaction_manager.producer_id_and_epoch  # assigned by the broker (InitProducerId)
+        assert pid.producer_id >= 0
+    finally:
+        producer.close()

@@ -43,7 +43,8 @@ def add_config_flags(p: argparse.ArgumentParser, *, include: tuple[str, ...] | N
     for flag, dotted, typ, help_ in COMMON_FLAGS:
         if include is not None and flag not in include:
             continue
-        p.add_argument(flag, dest="opt_" + dotted.replace(".", "__"), type=typ, default=None, help=help_)
+        p.add_argument(flag, dest="opt_" + dotted.replace(".", "__"), type=typ, default=None, help=help_,
+                       metavar=flag.lstrip("-").upper().replace("-", "_"))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -52,12 +53,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE")
         key, raw = item.split("=", 1)
-        import yaml
-
-        try:
-            overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            overrides[key.strip()] = raw
+        overrides[key.strip()] = raw  # text: converted by the option's type
     for name, value in vars(args).items():
         if name.startswith("opt_") and value is not None:
             overrides[name[4:].replace("__", ".")] = value

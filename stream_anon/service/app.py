@@ -209,6 +209,9 @@ class MainPath:
         except WorkerError as e:
             log.error("%s; stopping (a restart resumes from the committed watermarks)", e)
             rc = 1
+        except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
+            log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
+            rc = 3
         finally:
             self._shutdown(clean=rc == 0)
         return rc
@@ -423,7 +426,7 @@ class MainPath:
         try:
             if clean and self._backend is not None:
                 self._collect(wait_all=True)
-            if self._consumer is not None and self._producer is not None:
+            if clean and self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
         except Exception as e:
             log.warning("final commit failed: %r (the next start re-reads from the last committed watermark)", e)
@@ -562,8 +565,11 @@ class SidePaths:
 def _side_process_main(cfg: Config, mp_stop: Any, queue: Any) -> None:
     """Child process: run the side paths with their own metrics registry/endpoint; report status to ``queue``."""
     import logging as logging_mod
+    import signal
 
     from stream_anon.service.side_app import SideStatus, run_side_paths
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
 
     logging_mod.basicConfig(level=logging_mod.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging_mod.getLogger("kafka").setLevel(logging_mod.WARNING)

@@ -7,7 +7,8 @@ case, ``-`` and ``.`` become ``_``), e.g. ``STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS`
 ``STREAM_ANON_ANONYMIZATION_K``, ``STREAM_ANON_SIDE_PATHS_KRR_EPSILON``.  Any option can be set on the
 command line with ``--set section.field=value`` (``--set side_paths.krr.epsilon=0.5``); the common ones
 also have their own flags (see ``stream_anon.cli.service``).  Values from the environment and ``--set``
-are parsed as YAML scalars/lists (``5``, ``0.5``, ``true``, ``[age, sex]``, ``null``).
+are text converted by the option's type: numbers, ``true``/``false``, lists as ``[age, sex]`` or
+``age,sex``; ``null`` (or empty) clears an optional option; text options take the text as it is.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Config:
             dotted = env_to_option(name)
             if dotted is None:
                 continue  # not a config option (e.g. STREAM_ANON_ADULT)
-            cfg.set(dotted, _parse_scalar(raw), origin=f"environment variable {name}")
+            cfg.set(dotted, raw, origin=f"environment variable {name}")  # text: converted by the field's type
         for dotted, value in (overrides or {}).items():
             cfg.set(dotted, value, origin="command line")
         cfg.validate()
@@ -308,7 +309,7 @@ def _convert(value: Any, hint: Any, name: str, origin: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        if isinstance(value, str) and value.strip().lower() in ("none", "null", "") and type(None) in args:
+        if isinstance(value, str) and value.strip() in ("null", "") and type(None) in args:
             return None
         return _convert(value, inner[0], name, origin)
     if origin_t is list:

@@ -2,8 +2,8 @@
 never drops a message, and the backward reader recovery uses.
 
 Producer: ``acks=all`` and the idempotent producer (kafka-python >= 2.1 enables it by default and Tansu
-accepts InitProducerId; checked by ``tests/test_service_kafka.py``), so broker-side retries neither
-duplicate nor reorder messages within a partition.  Kafka transactions are NOT used.
+answers InitProducerId; checked by ``tests/test_service_run.py``), so producer retries neither duplicate nor
+reorder messages within a partition.  Kafka transactions are NOT used.
 """
 
 from __future__ import annotations

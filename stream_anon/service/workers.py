@@ -122,9 +122,12 @@ def _worker_main(cfg: Any, requests: Any, results: Any) -> None:
     being written (two blocking writers on the two pipes could otherwise wait for each other forever).
     """
     import queue
+    import signal
     import threading
 
     from stream_anon.service.app import load_schema, make_engine_factory, pipeline_settings
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
 
     outbox: queue.Queue[Any] = queue.Queue()
 
