@@ -175,9 +175,18 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
                              replay_stats["stats"], seconds_to_release, time.monotonic() - t_start)
     finally:
         stop_event.set()
+        # kafka-python clients still closing log "Metadata refresh failed" once the run is over: not an error here
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
         if broker is not None:
             broker.stop()
     _print_summary(summary, out_dir)
+    try:
+        from stream_anon.report.html import write_report
+
+        report = write_report(out_dir)
+        print(f"  report:        {report}  (open it in a browser)")
+    except Exception as e:  # the report is a convenience: never fail the demo on it
+        log.warning("demo: report not written: %s", e)
     return 0 if summary["k_anonymity"]["verified"] and summary["records_unaccounted"] == 0 else 1
 
 
@@ -253,9 +262,49 @@ def _summarize(cfg: Config, schema: Any, bs: str, n: int, source: str, original:
         "topics": {"input": cfg.topics.input, **cfg.topics.outputs(), **cfg.topics.side()},
         "files": {"released_csv": "released.csv", "config": "config.json"},
     }
+    delays: dict[str, Any] = {"bound": cfg.anonymization.delta}
+    if len(released):
+        delays["arrivals"] = [int(x) for x in released["delay"]]
+        if "latency_s" in released:
+            delays["seconds"] = [float(x) for x in released["latency_s"]]
+    (out_dir / "delays.json").write_text(json.dumps(delays))
+    estimates = _latest_side_estimates(bs, cfg)
+    if estimates:
+        (out_dir / "side_estimates.json").write_text(json.dumps(estimates, indent=1, default=_json_default))
+        summary["files"]["side_estimates"] = "side_estimates.json"
+    summary["files"]["delays"] = "delays.json"
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     (out_dir / "config.json").write_text(json.dumps(cfg.redacted(), indent=2, default=str))
     return summary
+
+
+def _latest_side_estimates(bs: str, cfg: Config) -> list[dict[str, Any]]:
+    """The last estimate per (mechanism, attribute) on the estimates topic, in the report's
+    ``side_estimates.json`` layout (estimated vs true; the truth comes from the demo-only truth tracker)."""
+    from stream_anon.service.audit import read_topic_with_headers
+
+    if not cfg.side_paths.enabled or cfg.service.side_paths_mode == "off":
+        return []
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in read_topic_with_headers(bs, cfg.topics.estimates, timeout_s=10.0, idle_s=0.3,
+                                     client_options=cfg.kafka.security_options()):
+        try:
+            msg = json.loads(m.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(msg, dict) and "attribute" in msg and "truth" in msg:
+            latest[(str(msg.get("source_topic", msg.get("mechanism"))), str(msg["attribute"]))] = msg
+    out: list[dict[str, Any]] = []
+    for (topic, attr), msg in sorted(latest.items()):
+        truth = msg["truth"]
+        if msg.get("type") == "frequency" and "frequencies" in truth:
+            out.append({"topic": topic, "attribute": attr, "kind": "frequency", "categories": msg["categories"],
+                        "estimated": msg["frequencies"], "true": truth["frequencies"],
+                        "std_errors": msg.get("frequency_std_errors"), "epsilon": msg.get("epsilon")})
+        elif msg.get("type") == "mean" and "mean" in truth:
+            out.append({"topic": topic, "attribute": attr, "kind": "mean", "estimated": msg["mean"],
+                        "true": truth["mean"], "std_error": msg.get("std_error"), "epsilon": msg.get("epsilon")})
+    return out
 
 
 def _json_default(o: Any) -> Any:
