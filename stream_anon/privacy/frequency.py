@@ -156,3 +156,32 @@ class CategoryCodec:
 def counts_of_codes(codes: np.ndarray, k: int) -> np.ndarray:
     """Histogram of integer codes 0..k-1 (all of ``codes``, any shape)."""
     return np.bincount(np.asarray(codes, dtype=np.int64).reshape(-1), minlength=k).astype(float)
+
+
+class SingleReportEstimator:
+    """Shared estimate entry points of one-report-per-record frequency oracles (k-RR, FRAPP).
+
+    The class provides ``_codec`` (a :class:`CategoryCodec`), ``k`` and ``estimate_from_counts(counts, n)``.
+    """
+
+    _codec: CategoryCodec
+
+    @property
+    def k(self) -> int:  # pragma: no cover - provided by the mechanism
+        raise NotImplementedError
+
+    def estimate_from_counts(self, counts: Any, n: int | None = None) -> FrequencyEstimate:  # pragma: no cover
+        raise NotImplementedError
+
+    def estimate_counts(self, reports: Any) -> FrequencyEstimate:
+        """Unbiased category counts from an array of reported labels (every report must be in the domain)."""
+        codes = self._codec.encode_strict(reports, what="report")
+        return self.estimate_from_counts(counts_of_codes(codes, self.k), n=int(codes.size))
+
+    def estimate_counts_from_codes(self, codes: np.ndarray) -> FrequencyEstimate:
+        """The same from integer report codes ``0..k-1``."""
+        c = np.asarray(codes, dtype=np.int64)
+        if c.size and (c.min() < 0 or c.max() >= self.k):
+            raise PrivacyParameterError(f"report codes must be in 0..{self.k - 1}, got range "
+                                        f"[{int(c.min())}, {int(c.max())}]")
+        return self.estimate_from_counts(counts_of_codes(c, self.k), n=int(c.size))

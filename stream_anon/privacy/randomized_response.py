@@ -23,12 +23,16 @@ from typing import Any, Literal
 import numpy as np
 
 from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, secure_rng
-from stream_anon.privacy.frequency import CategoryCodec, FrequencyEstimate, counts_of_codes
+from stream_anon.privacy.frequency import (
+    CategoryCodec,
+    FrequencyEstimate,
+    SingleReportEstimator,
+)
 
 OutOfDomain = Literal["error", "random"]
 
 
-class KRandomizedResponse:
+class KRandomizedResponse(SingleReportEstimator):
     """k-RR over a fixed categorical domain (keyword-only, validated parameters; injected ``rng``).
 
     ``out_of_domain="error"`` (default) rejects a value outside ``categories`` with an error naming the
@@ -130,14 +134,3 @@ class KRandomizedResponse:
                                  epsilon=self.epsilon, mechanism="krr",
                                  extra={"p": self.p, "q": self.q})
 
-    def estimate_counts(self, reports: Any) -> FrequencyEstimate:
-        """Unbiased category counts from an array of reported labels (every report must be in the domain)."""
-        codes = self._codec.encode_strict(reports, what="report")
-        return self.estimate_from_counts(counts_of_codes(codes, self.k), n=int(codes.size))
-
-    def estimate_counts_from_codes(self, codes: np.ndarray) -> FrequencyEstimate:
-        c = np.asarray(codes, dtype=np.int64)
-        if c.size and (c.min() < 0 or c.max() >= self.k):
-            raise PrivacyParameterError(f"report codes must be in 0..{self.k - 1}, got range "
-                                        f"[{int(c.min())}, {int(c.max())}]")
-        return self.estimate_from_counts(counts_of_codes(c, self.k), n=int(c.size))

@@ -42,7 +42,12 @@ from typing import Any, Literal
 import numpy as np
 
 from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, secure_rng
-from stream_anon.privacy.frequency import CategoryCodec, FrequencyEstimate, counts_of_codes
+from stream_anon.privacy.frequency import (
+    CategoryCodec,
+    FrequencyEstimate,
+    SingleReportEstimator,
+    counts_of_codes,
+)
 
 Variant = Literal["independent", "no-repeat"]
 VARIANTS: tuple[str, ...] = ("independent", "no-repeat")
@@ -188,7 +193,7 @@ def _frapp_draw(true_codes: np.ndarray, u: np.ndarray, n_values: int, gamma: flo
     return out
 
 
-class RandomSubstitution:
+class RandomSubstitution(SingleReportEstimator):
     """FRAPP random substitution with the gamma-diagonal matrix (``gamma`` or ``epsilon = ln gamma``)."""
 
     def __init__(self, *, categories: Sequence[Any] | np.ndarray, gamma: float | None = None,
@@ -263,16 +268,6 @@ class RandomSubstitution:
         """``M^-1 Y`` by a linear solve (equals the closed form; kept to check it)."""
         return np.linalg.solve(self.transition_matrix(), np.asarray(observed_counts, dtype=float))
 
-    def estimate_counts(self, reports: Any) -> FrequencyEstimate:
-        codes = self._codec.encode_strict(reports, what="report")
-        return self.estimate_from_counts(counts_of_codes(codes, self.k), n=int(codes.size))
-
-    def estimate_counts_from_codes(self, codes: np.ndarray) -> FrequencyEstimate:
-        c = np.asarray(codes, dtype=np.int64)
-        if c.size and (c.min() < 0 or c.max() >= self.k):
-            raise PrivacyParameterError(f"report codes must be in 0..{self.k - 1}, got range "
-                                        f"[{int(c.min())}, {int(c.max())}]")
-        return self.estimate_from_counts(counts_of_codes(c, self.k), n=int(c.size))
 
 
 class LExtendedSubstitution:
