@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -120,6 +121,8 @@ def test_total_epsilon_cap_is_enforced_at_start() -> None:
     (SidePathConfig(rs=RSConfig(variant="x")), r"rs.variant"),
     (SidePathConfig(kmeans=KMeansConfig(window=2)), r"kmeans.window"),
     (SidePathConfig(kmeans=KMeansConfig(attributes=["sex", "age"])), r"kmeans.attributes.*'sex'"),
+    (SidePathConfig(sender_processes=-1), r"sender_processes.*\[0, 8\].*-1"),
+    (SidePathConfig(sender_processes=True), r"sender_processes.*True"),
 ])
 def test_bad_configuration_names_option_and_value(cfg: SidePathConfig, match: str) -> None:
     with pytest.raises(SidePathConfigError, match=match):
@@ -311,3 +314,37 @@ def test_standard_errors_are_calibrated_over_seeds(adult: list[dict[str, Any]]) 
         m = len(values)
         print(f"\n{mech}: mean z^2 = {np.mean(values):.3f} over {len(values)}")
         assert abs(np.mean(values) - 1.0) < 4 * math.sqrt(2 / m) + 0.05, (mech, np.mean(values), m)
+
+
+# ------------------------------------------------------------------------------------------ encoded copies
+@pytest.mark.parametrize("cfg", [
+    SidePathConfig(),
+    SidePathConfig(rs=RSConfig(l=3, variant="no-repeat"), blap=BLapConfig(snap_bits=12, record_epsilon=2.0)),
+    SidePathConfig(krr=KRRConfig(record_epsilon=1.7), rs=RSConfig(l=2, gamma=3.0), blap=BLapConfig(enabled=False)),
+])
+def test_encoded_copies_are_the_json_of_the_dict_copies(adult: list[dict[str, Any]], cfg: SidePathConfig) -> None:
+    """process_batch_encoded builds each copy from pre-encoded fragments: the bytes must be exactly
+    json.dumps(..., separators=(",", ":")) of process_batch's message, for the same seed (ids with quotes,
+    backslashes, a % and non-ASCII characters included)."""
+    records = [dict(r) for r in adult[:2500]]
+    for i, rid in enumerate(['q"uote', "back\\slash", "per%cent %s", "caf\u00e9-\u263a", "tab\tnew\nline"]):
+        records[i]["id"] = rid
+    a, b = SidePathProcessor(cfg, rng=11), SidePathProcessor(cfg, rng=11)
+    dicts: list[Any] = []
+    copies: list[Any] = []
+    rest: list[Any] = []
+    for i in range(0, len(records), 1000):
+        dicts.extend(a.process_batch(records[i:i + 1000]))
+        c, r = b.process_batch_encoded(records[i:i + 1000])
+        copies.extend(c)
+        rest.extend(r)
+    per_record = [o for o in dicts if o[0] in a.epsilon_per_record]
+    encoded = [(c.topic, rid, payload, c.epsilon_total) for c in copies for rid, payload in zip(c.ids, c.payloads,
+                                                                                                strict=True)]
+    assert len(encoded) == len(per_record) == len(records) * len(a.epsilon_per_record)
+    for (topic, key, msg), (topic2, key2, payload, eps) in zip(per_record, encoded, strict=True):
+        assert (topic2, key2) == (topic, key)
+        assert payload == json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
+        assert json.loads(payload) == msg and eps == msg["epsilon_total"]
+    assert [m for t, _k, m in dicts if t not in a.epsilon_per_record] == [m for _t, _k, m in rest]
+    assert b.records_processed == a.records_processed == len(records)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +29,7 @@ from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     OutputReader,
     ReliableProducer,
+    backoff_delays,
     connect_admin,
     ensure_topics,
     make_consumer,
@@ -39,6 +41,11 @@ from stream_anon.service.pipeline import BatchStats, EngineLike, PipelineSetting
 from stream_anon.service.workers import InlineBackend, ProcessBackend, WorkerError
 
 log = logging.getLogger(__name__)
+
+BROKER_CHECK_SECONDS = 2.0
+"""With no records polled and no output acknowledged for this long, the loop asks the broker for an input
+partition's first offset (``OutputReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
+an idle stream from a broker outage."""
 
 
 def observe_many(hist: Any, values: Sequence[float]) -> None:
@@ -173,6 +180,9 @@ class MainPath:
         self._consumer: Any = None
         self._reader: OutputReader | None = None
         self._backend: Any = None
+        self._broker_check_at = time.monotonic() + BROKER_CHECK_SECONDS
+        self._outage_since: float | None = None  # during an outage: monotonic time of the last answer
+        self._outage_delays = backoff_delays(cfg.kafka.retry_backoff_max_seconds)
         m = self.metrics
         m.k_parameter.set(cfg.anonymization.k)
         m.delay_bound_arrivals.set(cfg.anonymization.delta)
@@ -213,7 +223,8 @@ class MainPath:
             log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
             rc = 3
         finally:
-            self._shutdown(clean=rc == 0)
+            if not self._shutdown(clean=rc == 0) and rc == 0:
+                rc = 3
         return rc
 
     def _loop(self) -> None:
@@ -225,6 +236,8 @@ class MainPath:
         while not self.stop_event.is_set():
             batch = consumer.poll(timeout_ms=cfg.service.poll_timeout_ms, max_records=max_records)
             now = time.time()
+            if batch:
+                self._broker_answered()
             for tp, recs in batch.items():
                 if recs:
                     self._submit(tp.partition, recs, now)
@@ -239,6 +252,45 @@ class MainPath:
                 self._commit()
                 self._update_position_metrics()
                 last_commit = time.monotonic()
+            if time.monotonic() >= self._broker_check_at:
+                self._check_broker()
+
+    # ------------------------------------------------------------------ broker outages
+    def _broker_answered(self) -> None:
+        """Evidence that the broker answers (records polled, outputs acknowledged, a check succeeded)."""
+        self._broker_check_at = time.monotonic() + BROKER_CHECK_SECONDS
+        if self._outage_since is not None:
+            log.warning("broker %s answering again after %.0f s: resuming (nothing was committed meanwhile)",
+                        self.cfg.kafka.bootstrap_servers, time.monotonic() - self._outage_since)
+            self._outage_since = None
+            self._outage_delays = backoff_delays(self.cfg.kafka.retry_backoff_max_seconds)
+
+    def _check_broker(self) -> None:
+        """Quiet for ``BROKER_CHECK_SECONDS``: an idle stream or a broker outage?  Ask the broker (``ping``);
+        while it fails, log one clear line per check, checking again with exponential backoff (the Kafka
+        clients reconnect and retry meanwhile; nothing is consumed, produced or committed)."""
+        assert self._reader is not None
+        quiet_since = self._broker_check_at - BROKER_CHECK_SECONDS
+        try:
+            self._reader.ping(self.cfg.topics.input, min(self.states) if self.states else 0,
+                              min(self.cfg.kafka.request_timeout_ms, 10000))
+        except (KafkaError, OSError) as e:
+            if self._outage_since is None:
+                self._outage_since = quiet_since
+            delay = next(self._outage_delays)
+            detail = str(e).removeprefix(f"{type(e).__name__}: ")
+            log.warning("broker %s not answering for %.0f s (%s%s): nothing is consumed or committed meanwhile, "
+                        "unacknowledged outputs are held; the clients keep retrying, checking again in %.1f s",
+                        self.cfg.kafka.bootstrap_servers, time.monotonic() - self._outage_since, type(e).__name__,
+                        f": {detail}" if detail and detail != "None" else "", delay)
+            self._broker_check_at = time.monotonic() + delay
+            return
+        self._broker_answered()
+
+    def _retry_mid_run(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
+        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
+        return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0)
 
     def _submit(self, partition: int, recs: list[Any], now: float) -> None:
         if partition not in self.states:
@@ -281,7 +333,8 @@ class MainPath:
         first available one (retention) start at the first available record.
         """
         tp = TopicPartition(self.cfg.topics.input, partition)
-        committed = self._consumer.committed(tp)
+        committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: self._consumer.committed(
+            tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
         if committed is None or first_offset == committed:
             return first_offset
         if first_offset > committed and self._seeked.get(partition) != committed:
@@ -307,7 +360,7 @@ class MainPath:
             def scan_topic(t: str = topic, s: ReadBackScan = scan, op: int = out_part) -> ReadBackScan:
                 return reader.scan(t, op, s, self.cfg.service.readback_chunk)
 
-            retry(f"read-back {topic}", scan_topic, self.cfg)
+            self._retry_mid_run(f"partition {partition}: read-back of {topic}", scan_topic)
             released |= scan.released
             horizon = max(horizon, scan.horizon)
             n_read += scan.messages_read
@@ -380,13 +433,14 @@ class MainPath:
         still in a worker are not covered (their partitions' watermarks stay where they were).
         """
         assert self._producer is not None
-        self._producer.flush()
+        if self._producer.flush():
+            self._broker_answered()
         offsets = self._watermarks()
         if not offsets:
             return
         try:
             if sync:
-                self._consumer.commit(offsets)
+                self._consumer.commit(offsets, timeout_ms=self.cfg.kafka.request_timeout_ms)
             else:
                 self._consumer.commit_async(offsets, callback=self._commit_done)
         except Exception as e:  # e.g. CommitFailedError after a rebalance: the new owner re-reads from its watermark
@@ -422,12 +476,17 @@ class MainPath:
             self.metrics.buffered_records.labels(partition=str(p)).set(0)
             self.metrics.open_clusters.labels(partition=str(p)).set(0)
 
-    def _shutdown(self, *, clean: bool = True) -> None:
+    def _shutdown(self, *, clean: bool = True) -> bool:
+        """Finish (when ``clean``: last outputs, final commit) and close; False if the broker was unreachable."""
+        ok = True
         try:
             if clean and self._backend is not None:
                 self._collect(wait_all=True)
             if clean and self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
+        except BrokerUnavailableError as e:
+            ok = False
+            log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
         except Exception as e:
             log.warning("final commit failed: %r (the next start re-reads from the last committed watermark)", e)
         for closer in (self._consumer, self._reader):
@@ -446,6 +505,7 @@ class MainPath:
         log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d",
                  self.totals.consumed, self.totals.released, self.totals.suppressed, self.totals.dead_lettered,
                  self.totals.skipped)
+        return ok
 
 
 def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from stream_anon.service.config import Config
 from stream_anon.service.pipeline import OutputMessage, ReadBackScan
@@ -42,12 +42,13 @@ def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
 
 
 def retry(what: str, fn: Callable[[], Any], cfg: Config, *, on_retry: Callable[[], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> Any:
+          stop: Callable[[], bool] | None = None, limit_seconds: float | None = None) -> Any:
     """Call ``fn`` until it succeeds, with exponential backoff and one clear log line per attempt.
 
-    Gives up with :class:`BrokerUnavailableError` after ``kafka.startup_retry_seconds`` (0 = never).
+    Gives up with :class:`BrokerUnavailableError` after ``limit_seconds`` (default
+    ``kafka.startup_retry_seconds``; 0 = never) or as soon as ``stop()`` is true.
     """
-    limit = cfg.kafka.startup_retry_seconds
+    limit = cfg.kafka.startup_retry_seconds if limit_seconds is None else limit_seconds
     start = time.monotonic()
     attempt = 0
     for delay in backoff_delays(cfg.kafka.retry_backoff_max_seconds):
@@ -60,8 +61,10 @@ def retry(what: str, fn: Callable[[], Any], cfg: Config, *, on_retry: Callable[[
                 raise BrokerUnavailableError(
                     f"{what}: broker {cfg.kafka.bootstrap_servers} unreachable after {attempt} attempts over "
                     f"{elapsed:.0f} s (kafka.startup_retry_seconds = {limit:g}): {e!r}") from e
-            log.warning("%s: broker %s unreachable (%s: %s); attempt %d, retrying in %.1f s", what,
-                        cfg.kafka.bootstrap_servers, type(e).__name__, e, attempt, delay)
+            detail = str(e).removeprefix(f"{type(e).__name__}: ")
+            log.warning("%s: broker %s unreachable (%s%s); attempt %d, retrying in %.1f s", what,
+                        cfg.kafka.bootstrap_servers, type(e).__name__,
+                        f": {detail}" if detail and detail != "None" else "", attempt, delay)
             if on_retry is not None:
                 on_retry()
             if stop is not None and stop():
@@ -170,32 +173,56 @@ class ReliableProducer:
     def pending(self) -> int:
         return len(self._pending)
 
-    def flush(self) -> None:
-        """Block until every message sent so far is acknowledged (re-sending failures with backoff)."""
+    def flush(self) -> int:
+        """Block until every message sent so far is acknowledged; returns how many were.
+
+        Waits in slices of ``kafka.request_timeout_ms``: while the broker does not answer (down, stalled,
+        network partition) it logs one warning per slice and keeps waiting for the same in-flight messages
+        (the producer retries them itself; re-sending a message that is still in flight could duplicate it).
+        Messages whose send failed are re-sent with exponential backoff, never dropped.
+        """
         delays = backoff_delays(self.cfg.kafka.retry_backoff_max_seconds)
+        wait_s = max(1.0, self.cfg.kafka.request_timeout_ms / 1000.0)
+        t0 = time.monotonic()
+        stalled = False
+        acked = 0
+        failed: list[OutputMessage] = []
         while self._pending:
             try:
-                self.producer.flush()
-            except KafkaError as e:  # flush itself timed out: check the futures below
-                log.warning("producer flush failed: %r", e)
-            failed: list[OutputMessage] = []
+                self.producer.flush(timeout=wait_s)
+            except KafkaError as e:  # KafkaTimeoutError: not everything acknowledged within wait_s
+                log.debug("producer flush: %r", e)
+            waiting: list[tuple[OutputMessage, Any]] = []
             for m, fut in self._pending:
                 if not fut.is_done:
-                    failed.append(m)
-                    continue
-                if fut.failed():
+                    waiting.append((m, fut))
+                elif fut.failed():
                     failed.append(m)
                     log.warning("produce to %s failed (%r); will retry", m.topic, fut.exception)
                     if self.on_error is not None:
                         self.on_error(m.topic)
-            self._pending = []
-            if failed:
-                if self.stop is not None and self.stop():
-                    raise BrokerUnavailableError(f"{len(failed)} output messages not acknowledged at shutdown")
+                else:
+                    acked += 1
+            self._pending = waiting
+            if (waiting or failed) and self.stop is not None and self.stop():
+                raise BrokerUnavailableError(f"{len(waiting) + len(failed)} output messages not acknowledged "
+                                             f"at shutdown")
+            if waiting:
+                stalled = True
+                log.warning("broker %s has not acknowledged %d output message(s) for %.0f s (unreachable or "
+                            "stalled): waiting, the producer retries them; watermarks are not committed until "
+                            "they are acknowledged", self.cfg.kafka.bootstrap_servers, len(waiting),
+                            time.monotonic() - t0)
+            elif failed:  # re-sent in their order once nothing else is in flight
                 d = next(delays)
                 log.warning("%d output messages not acknowledged; re-sending in %.1f s", len(failed), d)
                 time.sleep(d)
                 self.send(failed)
+                failed = []
+        if stalled:
+            log.warning("broker %s acknowledged the held output messages after %.0f s: resuming",
+                        self.cfg.kafka.bootstrap_servers, time.monotonic() - t0)
+        return acked
 
 
 class OutputReader:
@@ -210,6 +237,12 @@ class OutputReader:
     def close(self) -> None:
         self.consumer.close()
 
+    def ping(self, topic: str, partition: int, timeout_ms: int) -> None:
+        """One request the broker must answer (the partition's first offset): raises ``KafkaError`` (e.g.
+        ``KafkaTimeoutError``) when it does not within ``timeout_ms``.  This client is in no consumer group,
+        so asking never disturbs the group's membership or a rebalance in progress."""
+        self.consumer.beginning_offsets([TopicPartition(topic, partition)], timeout_ms=timeout_ms)
+
     def _bounds(self, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
         c = self.consumer
         c.assign([tp])
@@ -219,7 +252,7 @@ class OutputReader:
         while c.highwater(tp) is None:  # Tansu: end_offsets() is wrong; highwater comes with a fetch
             c.poll(timeout_ms=200, max_records=1)
             if time.monotonic() > deadline:
-                raise BrokerUnavailableError(f"read-back: no fetch response for {tp} within {timeout_s} s")
+                raise KafkaTimeoutError(f"read-back: no fetch response for {tp} within {timeout_s} s")
         return begin, int(c.highwater(tp))
 
     def scan(self, topic: str, out_partition: int, scan: ReadBackScan, chunk: int) -> ReadBackScan:
@@ -241,7 +274,7 @@ class OutputReader:
                 if c.position(tp) >= hi:
                     break
                 if time.monotonic() > deadline:
-                    raise BrokerUnavailableError(f"read-back of {tp} [{lo}, {hi}) made no progress for 60 s")
+                    raise KafkaTimeoutError(f"read-back of {tp} [{lo}, {hi}) made no progress for 60 s")
             if scan.add_chunk(got):
                 break
             hi = lo

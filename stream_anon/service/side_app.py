@@ -3,15 +3,19 @@ delays the main path), the pure :class:`~stream_anon.service.side_paths.SidePath
 
 Loop: ``poll`` a batch; decode and validate every message with the main path's
 :class:`~stream_anon.service.pipeline.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
-perturb it and publish the copies, the estimates and k-means releases it triggered (``acks=all``, flushed
-before the next poll).
+perturb it and publish the copies, the estimates and k-means releases it triggered (``acks=all``; acknowledged
+at a flush every ``service.commit_interval_ms`` and whenever a poll returns nothing, when the metrics count them).
+The copies are JSON-encoded column-wise (:meth:`~stream_anon.service.side_paths.SidePathProcessor.process_batch_encoded`)
+and sent in bulk by a :class:`SideSender`, by default in ``side_paths.sender_processes`` child processes
+(:class:`ProcessSenders`, one topic per child) so that kafka-python's per-message cost runs beside the consuming,
+decoding and perturbing instead of after it.
 
 Why commit before publishing: a record consumed again after a crash would be randomized a second time with
 fresh noise, and two independent reports of the same value spend 2 eps, not the eps printed on them.
 Committing first means every record is randomized at most once per consumer group, so the eps on each
 message is the eps its record really spent.  The price: a crash between the commit and the producer's
-acknowledgement loses that batch's side copies (at most ``kafka.max_poll_records`` records; the main path,
-which has its own group, loses nothing).  If a commit fails (e.g. a rebalance moved the partition), the batch
+acknowledgement loses the side copies of the batches consumed since the last flush (at most
+``service.commit_interval_ms`` worth of records; the main path, which has its own group, loses nothing).  If a commit fails (e.g. a rebalance moved the partition), the batch
 is neither randomized nor published: it is consumed again (seek back), or by the partition's new owner.
 
 Bad input: the main path already dead-letters every bad input message, so the side path only counts and
@@ -57,12 +61,14 @@ from stream_anon.service.pipeline import (
     RecordDecoder,
 )
 from stream_anon.service.side_paths import (
+    CopyBatch,
     Out,
     SideEvent,
     SidePathConfig,
     SidePathProcessor,
     SideTopics,
     observe,
+    observe_copies,
     set_budget_gauges,
 )
 
@@ -110,6 +116,399 @@ def encode(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
 
 
+@dataclass
+class _Sent:
+    """Messages sent to one topic partition by one call, with their futures (checked in bulk at flush)."""
+
+    topic: str
+    partition: int
+    keys: list[bytes | None]
+    values: list[bytes]
+    headers: Any  # one shared list of (key, value) headers, or one list per message
+    futures: list[Any]
+
+
+def _accumulator_append(producer: Any) -> Any:
+    """A bulk append to kafka-python's record accumulator (what ``KafkaProducer.send`` does after its per-call
+    checks), or None when the producer is not a kafka-python 3 ``KafkaProducer`` without transactions.
+
+    ``send`` re-checks per message what is the same for a whole batch (open producer, topic metadata, explicit
+    partition, header types, serializers, size); doing those once per batch makes a send about 25-40 % cheaper
+    (measured with ``python -m stream_anon.bench.side_kafka``).  The futures, the batching, the idempotent
+    sequence numbers and the acknowledgement are kafka-python's own.  Messages the checks would refuse
+    (too large, bad types) go through ``send`` and get its errors.
+    """
+    import inspect
+
+    acc = getattr(producer, "_accumulator", None)
+    sender = getattr(producer, "_sender", None)
+    config = getattr(producer, "config", None)
+    tm = getattr(producer, "_transaction_manager", None)
+    if acc is None or sender is None or not isinstance(config, dict) or "max_request_size" not in config:
+        return None
+    if tm is not None and tm.is_transactional():
+        return None
+    if config.get("key_serializer") is not None or config.get("value_serializer") is not None:
+        return None
+    try:
+        params = list(inspect.signature(acc.append).parameters)
+    except (TypeError, ValueError):
+        return None
+    if params[:5] != ["tp", "timestamp_ms", "key", "value", "headers"]:
+        return None
+    append, wakeup = acc.append, sender.wakeup
+    max_size = int(config["max_request_size"]) - 1024  # record batch + record overhead, generously
+
+    def bulk_append(topic: str, partition: int, keys: list[bytes | None], values: list[bytes],
+                    headers: list[tuple[str, bytes]]) -> list[Any] | None:
+        if getattr(producer, "_closed", False) or not all(
+                type(k) is str and type(v) is bytes for k, v in headers):
+            return None
+        hsize = sum(len(k) + len(v) for k, v in headers)
+        longest = max(map(len, values)) + max((len(k) for k in keys if k is not None), default=0) + hsize
+        if longest > max_size or not all(type(v) is bytes for v in values) or \
+                not all(k is None or type(k) is bytes for k in keys):
+            return None
+        tp = TopicPartition(topic, partition)
+        futures = []
+        wake = False
+        for k, v in zip(keys, values, strict=True):
+            fut, full, new, _ = append(tp, None, k, v, headers)
+            futures.append(fut)
+            wake = wake or full or new
+            if full:
+                wakeup()
+        if wake:
+            wakeup()
+        return futures
+
+    return bulk_append
+
+
+class SideSender:
+    """The side paths' producer: sends many messages per call with as little Python work per message as
+    kafka-python allows (one shared header list per topic, no callbacks, no per-message objects), checks the
+    futures in bulk at :meth:`flush` and re-sends failures with backoff, never dropping one.  Partition of an
+    output = source partition mod the topic's partition count."""
+
+    def __init__(self, producer: Any, cfg: Any, on_error: Any = None, stop: Any = None) -> None:
+        self.producer = producer
+        self.cfg = cfg
+        self.on_error = on_error
+        self.stop = stop
+        self.partition_counts: dict[str, int] = {}
+        self._sent: list[_Sent] = []
+        self._append = _accumulator_append(producer)
+
+    def partition_of_topic(self, topic: str, src_partition: int) -> int:
+        n = self.partition_counts.get(topic)
+        if n is None:
+            parts = self.producer.partitions_for(topic)
+            n = self.partition_counts[topic] = len(parts) if parts else 1
+        return src_partition % n
+
+    @property
+    def pending(self) -> int:
+        return sum(len(s.futures) for s in self._sent)
+
+    def send_copies(self, topic: str, src_partition: int, keys: list[bytes | None], values: list[bytes],
+                    headers: list[tuple[str, bytes]]) -> None:
+        """Send ``values[i]`` with key ``keys[i]``, all with the same ``headers`` (not copied: kafka-python only
+        reads them), to ``topic``'s partition of ``src_partition``."""
+        partition = self.partition_of_topic(topic, src_partition)
+        futures: list[Any] | None = None
+        if self._append is not None and values:
+            futures = self._append(topic, partition, keys, values, headers)
+        if futures is None:
+            send = self.producer.send
+            futures = [send(topic, value=v, key=k, partition=partition, headers=headers)
+                       for k, v in zip(keys, values, strict=True)]
+        self._sent.append(_Sent(topic, partition, keys, values, headers, futures))
+
+    def send(self, messages: Sequence[OutputMessage]) -> None:
+        """Send :class:`OutputMessage` s (estimates, k-means, dead letters: few per batch)."""
+        send = self.producer.send
+        for m in messages:
+            partition = self.partition_of_topic(m.topic, m.src_partition)
+            headers = list(m.headers)
+            fut = send(m.topic, value=m.value, key=m.key, partition=partition, headers=headers)
+            self._sent.append(_Sent(m.topic, partition, [m.key], [m.value], [headers], [fut]))
+
+    def flush(self) -> None:
+        """Block until every message sent so far is acknowledged (``acks=all``), re-sending failures."""
+        from stream_anon.service.kafka_io import BrokerUnavailableError, backoff_delays
+
+        delays = backoff_delays(self.cfg.kafka.retry_backoff_max_seconds)
+        while self._sent:
+            try:
+                self.producer.flush()
+            except KafkaError as e:  # flush itself timed out: check the futures below
+                log.warning("side producer flush failed: %r", e)
+            failed: list[_Sent] = []
+            n_failed = 0
+            for s in self._sent:
+                if all(f.is_done and f.succeeded() for f in s.futures):
+                    continue
+                bad = [i for i, f in enumerate(s.futures) if not (f.is_done and f.succeeded())]
+                shared = bool(s.headers) and isinstance(s.headers[0], tuple)
+                failed.append(_Sent(s.topic, s.partition, [s.keys[i] for i in bad], [s.values[i] for i in bad],
+                                    s.headers if shared else [s.headers[i] for i in bad], []))
+                n_failed += len(bad)
+                exc = next((f.exception for f in s.futures if f.is_done and f.failed()), None)
+                log.warning("produce of %d messages to %s[%d] failed (%r); will retry", len(bad), s.topic,
+                            s.partition, exc)
+                if self.on_error is not None:
+                    self.on_error(s.topic)
+            self._sent = []
+            if failed:
+                if self.stop is not None and self.stop():
+                    raise BrokerUnavailableError(f"{n_failed} side messages not acknowledged at shutdown")
+                d = next(delays)
+                log.warning("%d side messages not acknowledged; re-sending in %.1f s", n_failed, d)
+                time.sleep(d)
+                self._resend(failed)
+
+    def close(self) -> None:
+        try:
+            self.producer.close(timeout=10)  # everything was flushed; do not hang on a dead broker
+        except Exception as e:  # closing a client of a dead broker
+            log.debug("close failed: %r", e)
+
+    def _resend(self, failed: list[_Sent]) -> None:
+        send = self.producer.send
+        for s in failed:
+            shared = bool(s.headers) and isinstance(s.headers[0], tuple)
+            hs: Any = [s.headers] * len(s.values) if shared else s.headers
+            s.futures = [send(s.topic, value=v, key=k, partition=s.partition, headers=h)
+                         for k, v, h in zip(s.keys, s.values, hs, strict=True)]
+            self._sent.append(s)
+
+
+def _sender_main(cfg: Any, requests: Any, results: Any, stop: Any) -> None:
+    """Child process of :class:`ProcessSender`: a :class:`SideSender` fed over a pipe.  Requests: ``("copies",
+    topic, src_partition, keys, values, headers)``, ``("messages", [OutputMessage])``, ``("flush", seq)`` (answered
+    ``("flushed", seq, {topic: produce errors})`` once everything sent so far is acknowledged) and ``("stop",)``;
+    a failure is answered ``("error", text)``."""
+    import os
+    import signal
+
+    from stream_anon.service.kafka_io import make_producer, retry
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    errors: dict[str, int] = {}
+    parent = os.getppid()
+
+    def stopped() -> bool:  # the side app stops, or died (then nobody waits for the acknowledgements)
+        return bool(stop.is_set()) or os.getppid() != parent
+
+    def on_error(topic: str) -> None:
+        errors[topic] = errors.get(topic, 0) + 1
+
+    sender: SideSender | None = None
+    try:
+        sender = SideSender(retry("side producer", lambda: make_producer(cfg), cfg, stop=stopped), cfg,
+                            on_error=on_error, stop=stopped)
+        while True:
+            try:
+                req = requests.recv()
+            except (EOFError, OSError):
+                return
+            if req[0] == "copies":
+                sender.send_copies(*req[1:])
+            elif req[0] == "messages":
+                sender.send(req[1])
+            elif req[0] == "flush":
+                sender.flush()
+                results.send(("flushed", req[1], dict(errors)))
+                errors.clear()
+            elif req[0] == "stop":
+                return
+            else:
+                raise ValueError(f"unknown side sender request {req[0]!r}")
+    except Exception as e:  # reported to the parent, which stops the side paths (the main path is not affected)
+        log.exception("side sender process failed")
+        try:
+            results.send(("error", f"{type(e).__name__}: {e}"))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if sender is not None:
+            sender.close()
+
+
+def _start_child(proc: Any) -> None:
+    """Start ``proc``, also from a daemonic process (``stream-anon run`` starts the side paths in one, and
+    multiprocessing refuses children there only so that none outlives a terminated parent).  A sender child
+    cannot outlive its parent: it exits when its request pipe closes (EOF), and it is itself daemonic."""
+    import multiprocessing as mp
+
+    config = getattr(mp.current_process(), "_config", None)
+    if not isinstance(config, dict) or not config.get("daemon"):
+        proc.start()
+        return
+    config["daemon"] = False
+    try:
+        proc.start()
+    finally:
+        config["daemon"] = True
+
+
+class SideSenderError(RuntimeError):
+    """The side sender process failed or died."""
+
+
+class ProcessSender:
+    """:class:`SideSender` in a child process (``side_paths.sender_processes`` > 0): the side app only hands it
+    encoded bytes, so kafka-python's per-message ``send`` (the bottleneck) runs on the other core, beside
+    the consumer, decoding, perturbation and encoding.  Same interface and guarantees as :class:`SideSender`:
+    :meth:`flush` returns once every message sent so far is acknowledged (failures re-sent in the child)."""
+
+    def __init__(self, cfg: Any, stop: Any = None, on_error: Any = None) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.stop = stop
+        self.on_error = on_error
+        self._stop = ctx.Event()
+        req_read, self._requests = ctx.Pipe(duplex=False)
+        self._results, res_write = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_sender_main, args=(cfg, req_read, res_write, self._stop),
+                                 name="stream-anon-side-sender", daemon=True)
+        _start_child(self._proc)
+        req_read.close()
+        res_write.close()
+        self._seq = 0
+        self._pending = 0
+        log.info("side paths: per-record copies are produced by process %d", self._proc.pid)
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def send_copies(self, topic: str, src_partition: int, keys: list[bytes | None], values: list[bytes],
+                    headers: list[tuple[str, bytes]]) -> None:
+        self._request(("copies", topic, src_partition, keys, values, headers))
+        self._pending += len(values)
+
+    def send(self, messages: Sequence[OutputMessage]) -> None:
+        if messages:
+            self._request(("messages", list(messages)))
+            self._pending += len(messages)
+
+    def _request(self, req: tuple[Any, ...]) -> None:
+        try:
+            self._requests.send(req)
+        except (OSError, ValueError) as e:
+            raise SideSenderError(f"side sender process {self._proc.pid} is gone: {self._failure(e)}") from e
+
+    def _failure(self, e: BaseException) -> str:
+        try:
+            if self._results.poll():
+                msg = self._results.recv()
+                if msg[0] == "error":
+                    return str(msg[1])
+        except (EOFError, OSError):
+            pass
+        return repr(e)
+
+    def flush(self) -> None:
+        """Block until the child acknowledges every message sent so far (``acks=all``)."""
+        self.request_flush()
+        self.wait_flush()
+
+    def request_flush(self) -> None:
+        self._seq += 1
+        self._request(("flush", self._seq))
+
+    def wait_flush(self) -> None:
+        """Wait for the answer to the last :meth:`request_flush`."""
+        from stream_anon.service.kafka_io import BrokerUnavailableError
+
+        while True:
+            if self.stop is not None and self.stop():
+                self._stop.set()  # the child gives up re-sending (BrokerUnavailableError) instead of retrying
+            try:
+                if not self._results.poll(0.1):
+                    if not self._proc.is_alive():
+                        raise SideSenderError(f"side sender process {self._proc.pid} died "
+                                              f"(exit code {self._proc.exitcode})")
+                    continue
+                msg = self._results.recv()
+            except (EOFError, OSError) as e:
+                raise SideSenderError(f"side sender process {self._proc.pid} died: {e!r}") from e
+            if msg[0] == "error":
+                if "BrokerUnavailableError" in msg[1]:
+                    raise BrokerUnavailableError(msg[1])
+                raise SideSenderError(f"side sender process: {msg[1]}")
+            _, seq, errors = msg
+            if self.on_error is not None:
+                for topic, count in errors.items():
+                    for _ in range(count):
+                        self.on_error(topic)
+            if seq == self._seq:
+                self._pending = 0
+                return
+
+    def close(self) -> None:
+        try:
+            self._requests.send(("stop",))
+        except (OSError, ValueError):
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(2)
+
+
+class ProcessSenders:
+    """``n`` :class:`ProcessSender` children (``side_paths.sender_processes``); each topic always goes to the same
+    child (so the order of a topic partition's messages is kept), topics are spread round-robin in order of
+    first use; :meth:`flush` flushes all children concurrently and returns when all acknowledged."""
+
+    def __init__(self, cfg: Any, n: int, stop: Any = None, on_error: Any = None) -> None:
+        self.children: list[ProcessSender] = []
+        try:
+            for _ in range(n):
+                self.children.append(ProcessSender(cfg, stop=stop, on_error=on_error))
+        except BaseException:
+            self.close()
+            raise
+        self._route: dict[str, ProcessSender] = {}
+
+    def _child(self, topic: str) -> ProcessSender:
+        child = self._route.get(topic)
+        if child is None:
+            child = self._route[topic] = self.children[len(self._route) % len(self.children)]
+        return child
+
+    @property
+    def pending(self) -> int:
+        return sum(c.pending for c in self.children)
+
+    def send_copies(self, topic: str, src_partition: int, keys: list[bytes | None], values: list[bytes],
+                    headers: list[tuple[str, bytes]]) -> None:
+        self._child(topic).send_copies(topic, src_partition, keys, values, headers)
+
+    def send(self, messages: Sequence[OutputMessage]) -> None:
+        by_child: dict[int, list[OutputMessage]] = {}
+        for m in messages:
+            by_child.setdefault(id(self._child(m.topic)), []).append(m)
+        for c in self.children:
+            if id(c) in by_child:
+                c.send(by_child[id(c)])
+
+    def flush(self) -> None:
+        busy = [c for c in self.children if c.pending]
+        for c in busy:
+            c.request_flush()
+        for c in busy:
+            c.wait_flush()
+
+    def close(self) -> None:
+        for c in self.children:
+            c.close()
+
+
 class SidePathApp:
     """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
 
@@ -137,6 +536,7 @@ class SidePathApp:
         self._producer: Any = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
+        self._unacked_copies: list[CopyBatch] = []
         self._last_flush = time.monotonic()
         commit_ms = getattr(getattr(cfg, "service", None), "commit_interval_ms", 500)
         self._flush_every = max(0.0, float(commit_ms) / 1000.0)
@@ -144,6 +544,7 @@ class SidePathApp:
         self._per_record_topics = frozenset(self.processor.epsilon_per_record)
         self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
+        self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
         m = self.metrics
         self._consumed_metric = m.side_records_consumed  # separate from the main path's records_consumed
         self._consumed_label = self.input_topic
@@ -152,7 +553,6 @@ class SidePathApp:
     def run(self) -> int:
         from stream_anon.service.kafka_io import (
             BrokerUnavailableError,
-            ReliableProducer,
             connect_admin,
             make_consumer,
             make_producer,
@@ -169,19 +569,26 @@ class SidePathApp:
             admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
             retry("create side topics", lambda: self._ensure_side_topics(admin), cfg, stop=stop)
             admin.close()
-            producer = retry("producer", lambda: make_producer(cfg), cfg, stop=stop)
+
+            def on_error(topic: str) -> None:
+                self.metrics.produce_errors.labels(topic=topic).inc()
+
             # partition counts are looked up per topic (outputs: input partition mod topic partitions)
-            self._producer = ReliableProducer(producer, {}, cfg,
-                                              on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc(),
-                                              stop=stop)
+            if self.side.sender_processes > 0:
+                self._producer = ProcessSenders(cfg, self.side.sender_processes, stop=stop, on_error=on_error)
+            else:
+                producer = retry("producer", lambda: make_producer(cfg), cfg, stop=stop)
+                self._producer = SideSender(producer, cfg, on_error=on_error, stop=stop)
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
         except BrokerUnavailableError as e:
             log.error("side paths: %s", e)
+            self._close_producer()
             self.status.error = str(e)
             self.status.finished.set()
             return 3
         except Exception as e:  # never die silently in a thread
             log.exception("side paths: start failed: %r", e)
+            self._close_producer()
             self.status.error = repr(e)
             self.status.finished.set()
             return 1
@@ -208,6 +615,15 @@ class SidePathApp:
         finally:
             self._shutdown()
         return rc
+
+    def _close_producer(self) -> None:
+        """Close the producer (and stop sender processes) after a failed start."""
+        if self._producer is not None and hasattr(self._producer, "close"):
+            try:
+                self._producer.close()
+            except Exception as e:  # closing a client of a dead broker
+                log.debug("close failed: %r", e)
+            self._producer = None
 
     def _ensure_side_topics(self, admin: Any) -> None:
         """Create the missing side topics (``topics.create``) with ``topics.partitions`` partitions."""
@@ -289,10 +705,13 @@ class SidePathApp:
             self._skip(reason)
         status.positions[tp.partition] = next_offset
         outputs: list[Out] = []
+        copies: list[CopyBatch] = []
         for records, flush_after in segments:
             if records:
                 try:
-                    outputs.extend(proc.process_batch(records))
+                    seg_copies, seg_outputs = proc.process_batch_encoded(records)
+                    copies.extend(seg_copies)
+                    outputs.extend(seg_outputs)
                     status.processed += len(records)
                 except (ValueError, ArithmeticError) as e:  # a bug or a schema/config mismatch: log, count, go on
                     log.exception("side paths: %d records of %s not perturbed: %s", len(records), tp, e)
@@ -308,7 +727,7 @@ class SidePathApp:
             assert self._producer is not None
             self._producer.send(dlq)
             self.metrics_dead_lettered(dlq)
-        self._publish(outputs, tp.partition)
+        self._publish(outputs, tp.partition, copies)
 
     def _all_partitions_ended(self) -> bool:
         """True when every assigned input partition's latest message is an end-of-stream flush control."""
@@ -338,10 +757,17 @@ class SidePathApp:
             headers.append((H_FIELD, str(dl.field).encode()))
         return OutputMessage("dlq", self.topics.dlq, partition, r.key, r.value or b"", tuple(headers))
 
-    def _publish(self, outputs: list[Out], partition: int) -> None:
-        """Send ``outputs`` (acknowledged at the next :meth:`_flush`, which also counts them in the metrics)."""
+    def _publish(self, outputs: list[Out], partition: int, copies: Sequence[CopyBatch] = ()) -> None:
+        """Send the encoded per-record ``copies`` and ``outputs`` (acknowledged at the next :meth:`_flush`, which
+        also counts them in the metrics)."""
         proc = self.processor
         events = proc.drain_events()
+        if copies:
+            assert self._producer is not None
+            for c in copies:
+                self._producer.send_copies(c.topic, partition, list(map(str.encode, c.ids)), c.payloads,
+                                           self._copy_headers[c.topic])
+            self._unacked_copies.extend(copies)
         if outputs:
             assert self._producer is not None
             kinds = self._kinds
@@ -362,12 +788,15 @@ class SidePathApp:
     def _flush(self) -> None:
         """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status)."""
         self._last_flush = time.monotonic()
-        if self._producer is None or not self._unacked:
+        if self._producer is None or not (self._unacked or self._unacked_copies):
             return
         self._producer.flush()
         outputs, self._unacked = self._unacked, []
+        copies, self._unacked_copies = self._unacked_copies, []
         status = self.status
         per_topic = observe(self.metrics, outputs, self.processor)
+        for topic, c in observe_copies(self.metrics, copies).items():
+            per_topic[topic] = per_topic.get(topic, 0) + c
         for topic, c in per_topic.items():
             status.published[topic] = status.published.get(topic, 0) + c
         t = self.topics
@@ -398,8 +827,8 @@ class SidePathApp:
                 self._flush()
         except Exception as e:  # broker gone at shutdown: the estimates are recomputed next time
             log.warning("side paths: final estimates not published: %r", e)
-        for client in (self._consumer, getattr(self._producer, "producer", None)):
-            if client is not None:
+        for client in (self._consumer, self._producer):
+            if client is not None and hasattr(client, "close"):
                 try:
                     client.close()
                 except Exception as e:  # closing a client of a dead broker

@@ -29,12 +29,14 @@ statistics so that each estimate message also carries its actual error.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +57,21 @@ log = logging.getLogger(__name__)
 
 Out = tuple[str, str, dict[str, Any]]
 """One side message: (topic, key, JSON-ready value)."""
+
+
+@dataclass
+class CopyBatch:
+    """The per-record copies of one batch on one topic, already JSON-encoded: ``payloads[i]`` is the message of
+    record ``ids[i]`` (its key), byte for byte ``json.dumps(message, separators=(",", ":"))`` of the message
+    :meth:`SidePathProcessor.process_batch` returns; every one spent ``epsilon_total``."""
+
+    topic: str
+    ids: list[str]
+    payloads: list[bytes]
+    epsilon_total: float
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 class SidePathConfigError(ValueError):
@@ -141,6 +158,7 @@ class SidePathConfig:
     truth: bool = False  # exact statistics beside the estimates (NOT private: demo/testing only)
     dead_letter: bool = False  # also dead-letter bad input (off: the main path already does; count + skip)
     seed: int | None = None  # None = OS entropy
+    sender_processes: int = 3  # child processes producing the side messages; 0 = the side app's own thread
 
     def check(self, schema: Schema | None = None) -> None:
         """Validate against ``schema`` (default ADULT) at start: raises :class:`SidePathConfigError` (or the
@@ -231,8 +249,22 @@ class _CategoricalChannel:
         self.l = reports_per_record
         self.report_counts = np.zeros(self.codec.k, dtype=np.float64)
         self.n = 0
+        self._json = np.empty(self.codec.k, dtype=object)  # category code -> its JSON text
+        self._json[:] = [json.dumps(c) for c in categories]
 
     def perturb(self, values: Sequence[Any]) -> list[Any]:
+        """Reported categories: (n,) -> list of labels; (n, l) -> list of lists."""
+        return self.codec.decode(self.perturb_codes(values)).tolist()  # type: ignore[no-any-return]
+
+    def perturb_json(self, values: Sequence[Any]) -> list[str]:
+        """Reported categories as JSON texts, one per record (``json.dumps`` of :meth:`perturb`'s items)."""
+        frag = self._json[self.perturb_codes(values)]
+        if frag.ndim == 1:
+            return frag.tolist()  # type: ignore[no-any-return]
+        return ["[" + ",".join(row) + "]" for row in frag.tolist()]
+
+    def perturb_codes(self, values: Sequence[Any]) -> np.ndarray:
+        """Randomize the codes of ``values`` and add the reports to the histogram: (n,) or (n, l) codes."""
         codes = self.codec.encode(np.asarray(values, dtype=object))
         if codes.size and codes.min() < 0:
             bad = np.asarray(values, dtype=object)[codes < 0][0]
@@ -244,8 +276,7 @@ class _CategoricalChannel:
             rep = self.mech.randomise_codes(codes)
         self.report_counts += np.bincount(rep.reshape(-1), minlength=self.codec.k)
         self.n += int(codes.size)
-        labels = self.codec.decode(rep)
-        return labels.tolist()  # (n,) -> list of str; (n, l) -> list of lists
+        return rep  # type: ignore[no-any-return]
 
     def estimate(self) -> FrequencyEstimate:
         if self.mechanism == "blap-cat":
@@ -268,6 +299,16 @@ class _NumericChannel:
         self.m2_h = 0.0  # Chan et al. pairwise merge of (n, mean, M2)
 
     def perturb(self, values: Sequence[Any]) -> list[float]:
+        return self.perturb_array(values).tolist()  # type: ignore[no-any-return]
+
+    def perturb_json(self, values: Sequence[Any]) -> list[str]:
+        """Reported values as JSON numbers (``float.__repr__``, what ``json.dumps`` writes for a finite float)."""
+        y = self.perturb_array(values)
+        if not np.isfinite(y).all():
+            raise ValueError(f"field {self.attribute!r}: non-finite bounded Laplace output (not JSON)")
+        return list(map(float.__repr__, y.tolist()))
+
+    def perturb_array(self, values: Sequence[Any]) -> np.ndarray:
         x = np.asarray(values, dtype=np.float64)
         y = self.mech.randomise_many(x)
         h = self.mech.unbiased_transform(y, boundary_width=self.boundary_width)
@@ -280,7 +321,7 @@ class _NumericChannel:
             self.mean_h += d * nb / n
             self.m2_h += m2b + d * d * self.n * nb / n
             self.n = n
-        return y.tolist()  # type: ignore[no-any-return]
+        return y
 
     def estimate(self) -> tuple[float, float]:
         """(mean, standard error) of the boundary-corrected estimator: mean of h(y), SE = sd(h)/sqrt(n)."""
@@ -344,6 +385,9 @@ class SidePathProcessor:
         self.rng = secure_rng(rng if rng is not None else cfg.seed)
         self.clock = clock
         self.record_id_field = self.schema.record_id or "id"
+        if isinstance(cfg.sender_processes, bool) or not isinstance(cfg.sender_processes, int) \
+                or not 0 <= cfg.sender_processes <= 8:
+            raise _err("sender_processes", "an integer in [0, 8]", cfg.sender_processes)
         self._lock = threading.Lock()
         self._events: list[SideEvent] = []
         self.records_processed = 0
@@ -370,6 +414,7 @@ class SidePathProcessor:
             raise _err("total_epsilon", f"at least the eps one record spends over all side topics "
                                         f"({self.epsilon_all_topics:g} = {detail})", cfg.total_epsilon)
         self._build_kmeans()
+        self._templates: dict[tuple[str, tuple[str, ...]], str] = {}
 
     # ------------------------------------------------------------------ construction
     def _categories(self, option: str, name: str) -> list[str]:
@@ -481,11 +526,28 @@ class SidePathProcessor:
         return self.process_batch([record], now=now)
 
     def process_batch(self, records: Sequence[Mapping[str, Any]], now: float | None = None) -> list[Out]:
-        """Validated records -> side messages, in order: per-record copies, then estimates, then k-means.
+        """Validated records -> side messages, in order: per-record copies, then k-means, then estimates.
 
         Estimate rounds fire every ``estimates_every`` records; inside a batch the round is taken at the end
         of the batch (the reports of the whole batch are then included).
         """
+        copies: list[Out] = []
+        rest = self._run_batch(records, now, lambda topic, ids, chans: self._copy_dicts(copies, topic, ids, chans))
+        return copies + rest
+
+    def process_batch_encoded(self, records: Sequence[Mapping[str, Any]],
+                              now: float | None = None) -> tuple[list[CopyBatch], list[Out]]:
+        """:meth:`process_batch` with the per-record copies already JSON-encoded, one :class:`CopyBatch` per
+        per-record topic (the same messages, byte for byte ``json.dumps(..., separators=(",", ":"))``, built
+        column-wise from pre-encoded fragments), and the other outputs (k-means, estimates) as ``Out``."""
+        copies: list[CopyBatch] = []
+        rest = self._run_batch(records, now, lambda topic, ids, chans: copies.append(self._copy_bytes(topic, ids, chans)))
+        return copies, rest
+
+    def _run_batch(self, records: Sequence[Mapping[str, Any]], now: float | None,
+                   emit: Callable[[str, list[str], list[tuple[Any, list[Any]]]], Any]) -> list[Out]:
+        """Perturb every per-record topic's columns (``emit(topic, ids, [(channel, column), ...])`` builds the
+        copies), then truth, k-means and estimates; returns the k-means and estimate messages."""
         out: list[Out] = []
         n = len(records)
         if n == 0:
@@ -500,21 +562,9 @@ class SidePathProcessor:
                 col = columns[name] = [r[name] for r in records]
             return col
 
-        names_of = {self.topics.krr: "krr", self.topics.rs: self._rs_name(), self.topics.blap: "blap"}
         for topic, chans in self._topic_channels():
-            if not chans:
-                continue
-            mech_name = names_of[topic]
-            names = [c.attribute for c in chans]
-            reported = [c.perturb(column(c.attribute)) for c in chans]
-            eps_map = {c.attribute: c.epsilon for c in chans}
-            eps_total = self.epsilon_per_record[topic]
-            for i, row in enumerate(zip(*reported, strict=True)):
-                out.append((topic, ids[i], {
-                    "id": ids[i], "mechanism": mech_name, "values": dict(zip(names, row, strict=True)),
-                    "epsilon": eps_map, "epsilon_total": eps_total,
-                    "epsilon_all_side_topics": self.epsilon_all_topics,
-                }))
+            if chans:
+                emit(topic, ids, [(c, column(c.attribute)) for c in chans])
         if self.truth is not None:
             seen: set[str] = set()
             for c in [*self.krr, *self.rs, *self.blap_cat]:
@@ -534,6 +584,45 @@ class SidePathProcessor:
         else:
             out.extend(self.poll(now))
         return out
+
+    def _mechanism_name(self, topic: str) -> str:
+        return {self.topics.krr: "krr", self.topics.rs: self._rs_name(), self.topics.blap: "blap"}[topic]
+
+    def _copy_dicts(self, out: list[Out], topic: str, ids: list[str], chans: list[tuple[Any, list[Any]]]) -> None:
+        mech_name = self._mechanism_name(topic)
+        names = [c.attribute for c, _ in chans]
+        reported = [c.perturb(col) for c, col in chans]
+        eps_map = {c.attribute: c.epsilon for c, _ in chans}
+        eps_total = self.epsilon_per_record[topic]
+        for i, row in enumerate(zip(*reported, strict=True)):
+            out.append((topic, ids[i], {
+                "id": ids[i], "mechanism": mech_name, "values": dict(zip(names, row, strict=True)),
+                "epsilon": eps_map, "epsilon_total": eps_total,
+                "epsilon_all_side_topics": self.epsilon_all_topics,
+            }))
+
+    def _copy_template(self, topic: str, chans: list[tuple[Any, list[Any]]]) -> str:
+        """``%``-template of one copy's JSON: slots for the id and each attribute's value, constants inline."""
+        key = (topic, tuple(c.attribute for c, _ in chans))
+        tmpl = self._templates.get(key)
+        if tmpl is None:
+            def dumps(x: Any) -> str:
+                return json.dumps(x, separators=(",", ":"), allow_nan=False).replace("%", "%%")
+
+            slots = ",".join(f"{dumps(c.attribute)}:%s" for c, _ in chans)
+            eps_map = {c.attribute: c.epsilon for c, _ in chans}
+            tmpl = self._templates[key] = (
+                '{"id":%s,"mechanism":' + dumps(self._mechanism_name(topic)) + ',"values":{' + slots + '},"epsilon":'
+                + dumps(eps_map) + ',"epsilon_total":' + dumps(self.epsilon_per_record[topic])
+                + ',"epsilon_all_side_topics":' + dumps(self.epsilon_all_topics) + "}")
+        return tmpl
+
+    def _copy_bytes(self, topic: str, ids: list[str], chans: list[tuple[Any, list[Any]]]) -> CopyBatch:
+        tmpl = self._copy_template(topic, chans)
+        fragments = [c.perturb_json(col) for c, col in chans]
+        id_json = list(map(_json_string, ids))
+        payloads = [(tmpl % row).encode() for row in zip(id_json, *fragments, strict=True)]
+        return CopyBatch(topic, ids, payloads, self.epsilon_per_record[topic])
 
     def _topic_channels(self) -> list[tuple[str, list[_CategoricalChannel | _NumericChannel]]]:
         return [(self.topics.krr, list(self.krr)), (self.topics.rs, list(self.rs)),
@@ -682,6 +771,11 @@ class SidePathProcessor:
         return [(topic, f"window-{index}", msg)]
 
 
+def _json_string(s: str) -> str:
+    """JSON text of a string, as ``json.dumps`` writes it (ASCII, escaped)."""
+    return _encode_basestring_ascii(s)  # type: ignore[no-any-return]
+
+
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
@@ -713,6 +807,21 @@ def observe(metrics: ServiceMetrics, outputs: Sequence[Out], processor: SidePath
             eps[topic] = eps.get(topic, 0.0) + float(msg["epsilon"])
         else:
             eps[topic] = eps.get(topic, 0.0) + float(msg["epsilon_total"])
+    for topic, count in per_topic.items():
+        metrics.side_records_published.labels(topic=topic).inc(count)
+    for topic, e in eps.items():
+        metrics.epsilon_spent.labels(topic=topic).inc(e)
+    return per_topic
+
+
+def observe_copies(metrics: ServiceMetrics, copies: Sequence[CopyBatch]) -> dict[str, int]:
+    """:func:`observe` for encoded per-record copies (after they were acknowledged): messages and eps per topic
+    (``epsilon_total`` of each copy).  Returns messages per topic."""
+    per_topic: dict[str, int] = {}
+    eps: dict[str, float] = {}
+    for c in copies:
+        per_topic[c.topic] = per_topic.get(c.topic, 0) + len(c)
+        eps[c.topic] = eps.get(c.topic, 0.0) + len(c) * c.epsilon_total
     for topic, count in per_topic.items():
         metrics.side_records_published.labels(topic=topic).inc(count)
     for topic, e in eps.items():
