@@ -161,14 +161,20 @@ def counts_of_codes(codes: np.ndarray, k: int) -> np.ndarray:
 class SingleReportEstimator:
     """Shared estimate entry points of one-report-per-record frequency oracles (k-RR, FRAPP).
 
-    The class provides ``_codec`` (a :class:`CategoryCodec`), ``k`` and ``estimate_from_counts(counts, n)``.
+    The mechanism sets ``_codec`` (a :class:`CategoryCodec`) and provides ``estimate_from_counts(counts, n)``.
     """
 
     _codec: CategoryCodec
 
     @property
-    def k(self) -> int:  # pragma: no cover - provided by the mechanism
-        raise NotImplementedError
+    def categories(self) -> tuple[Any, ...]:
+        """The category domain, in code order."""
+        return self._codec.categories
+
+    @property
+    def k(self) -> int:
+        """Domain size (k of k-RR, N of FRAPP)."""
+        return self._codec.k
 
     def estimate_from_counts(self, counts: Any, n: int | None = None) -> FrequencyEstimate:  # pragma: no cover
         raise NotImplementedError

@@ -54,14 +54,6 @@ class KRandomizedResponse(SingleReportEstimator):
         self.q = 1.0 / (math.exp(self.epsilon) + k - 1) if self.epsilon < 700 else 0.0
         self.p = 1.0 - (k - 1) * self.q
 
-    @property
-    def categories(self) -> tuple[Any, ...]:
-        return self._codec.categories
-
-    @property
-    def k(self) -> int:
-        return self._codec.k
-
     def __repr__(self) -> str:
         return f"KRandomizedResponse(epsilon={self.epsilon!r}, k={self.k}, p={self.p:.6g}, q={self.q:.6g})"
 

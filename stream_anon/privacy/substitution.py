@@ -210,14 +210,6 @@ class RandomSubstitution(SingleReportEstimator):
         self.q = self.x
         self.draws_used = 0
 
-    @property
-    def categories(self) -> tuple[Any, ...]:
-        return self._codec.categories
-
-    @property
-    def k(self) -> int:
-        return self._codec.k
-
     def __repr__(self) -> str:
         return f"RandomSubstitution(N={self.k}, gamma={self.gamma!r}, epsilon={self.epsilon:.6g})"
 
