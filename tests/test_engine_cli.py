@@ -330,8 +330,15 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     a_file.write_text("x", encoding="utf-8")
     release = tmp_path / "release.csv"
     release.write_text("class_id,age,income\nc,[20-30],>50K\n", encoding="utf-8")
+    binary = tmp_path / "binary.dat"
+    binary.write_bytes(bytes(range(256)) * 8)
+    not_utf8 = tmp_path / "latin1.yaml"
+    not_utf8.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    a_list = tmp_path / "list.yaml"
+    a_list.write_text("- a\n- b\n", encoding="utf-8")
     return {"bad_yaml": bad_yaml, "no_hier": no_hier, "header_only": header_only, "other": other,
-            "a_file": a_file, "release": release, "dir": tmp_path}
+            "a_file": a_file, "release": release, "binary": binary, "not_utf8": not_utf8, "a_list": a_list,
+            "dir": tmp_path}
 
 
 @pytest.mark.parametrize("command, argv, fragments", [
@@ -340,6 +347,9 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     ("anonymize", ["--input", "{adult}", "--schema", "{tmp}/nope.yaml"], ["--schema: file", "does not exist"]),
     ("anonymize", ["--input", "{adult}", "--schema", "{bad_yaml}"], ["--schema", "not valid YAML"]),
     ("anonymize", ["--input", "{adult}", "--schema", "{no_hier}"], ["--schema", "hierarchy file", "does not exist"]),
+    ("anonymize", ["--input", "{adult}", "--schema", "{not_utf8}"], ["--schema", "not a UTF-8 text file"]),
+    ("anonymize", ["--input", "{adult}", "--schema", "{a_list}"], ["--schema", "expected a mapping at top level"]),
+    ("anonymize", ["--input", "{binary}"], ["--input:", "binary.dat", "cannot be read as a ','-separated CSV"]),
     ("anonymize", ["--input", "{adult}", "--k", "abc"], ["argument --k: invalid int value: 'abc'"]),
     ("anonymize", ["--input", "{adult}", "--output", "{a_file}/out.csv"], ["--output: cannot write", "is a file, not a folder"]),
     ("anonymize", ["--input", "{adult}", "--output", "{adult}"], ["--output:", "is also the input file"]),
@@ -349,6 +359,7 @@ def _files(tmp_path: Path) -> dict[str, Path]:
                                            "give --schema for another data set"]),
     ("anonymize", ["--input", "{adult}", "--keep-ids"], ["--keep-ids: only with --output"]),
     ("verify", ["--input", "{release}"], ["the following arguments are required: --k"]),
+    ("verify", ["--input", "{binary}", "--k", "2", "--adult-schema"], ["binary.dat' is not a readable CSV"]),
     ("verify", ["--input", "{release}", "--k", "1"], ["--k: must be an integer >= 2"]),
     ("verify", ["--input", "{release}", "--k", "2", "--qi", "age,height", "--sensitive", "income"],
      ["--qi names 'height' as the quasi-identifier column"]),

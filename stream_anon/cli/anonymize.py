@@ -195,23 +195,25 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
         for r in releases:
             if r.kind != "class":
                 continue
-            gen = [r.generalized[q] for q in qis]
+            released = [r.generalized[q] for q in qis]
             for rec in r.records:
                 ids = [rec.get(rid_field)] + ([rec.get(pid)] if pid else [])
-                rows.append([*ids, r.class_id, *gen, *(rec[c] for c in sens)])
+                rows.append([*ids, r.class_id, *released, *(rec[c] for c in sens)])
         roles = ReleaseRoles(class_id=CLASS_ID_COLUMN, quasi_identifiers=tuple(qis), sensitive=tuple(sens),
                              record_id=RECORD_ID_COLUMN, person_id=pid, source="anonymize --keep-ids")
         return pd.DataFrame(rows, columns=[*id_cols, CLASS_ID_COLUMN, *qis, *sens]), roles
     rng = rng if rng is not None else release_rng(None)
-    classes: dict[str, tuple[list[str], list[list[Any]]]] = {}
+    classes: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = {}
     for r in releases:
         if r.kind != "class":
             continue
-        gen, members = classes.setdefault(r.class_id, ([r.generalized[q] for q in qis], []))
+        # keyed by the generalization too: a reuse under a class id with another generalization (an engine
+        # bug) stays a class of its own, which verify then sees, instead of being relabelled
+        members = classes.setdefault((r.class_id, tuple(r.generalized[q] for q in qis)), [])
         members.extend([rec[c] for c in sens] for rec in r.records)
     opaque: set[str] = set()
-    blocks: list[tuple[str, list[str], list[list[Any]]]] = []
-    for gen, members in classes.values():
+    blocks: list[tuple[str, tuple[str, ...], list[list[Any]]]] = []
+    for (_, gen), members in classes.items():
         cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"
         while cid in opaque:  # a collision is astronomically unlikely; ids stay unique in the file anyway
             cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"

@@ -291,7 +291,7 @@ def read_release(path: str | os.PathLike[str]) -> pd.DataFrame:
     try:
         return pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ValueError(f"verify: {path} is not a readable CSV: {' '.join(str(e).split())}") from None
+        raise ValueError(f"release file {str(path)!r} is not a readable CSV: {' '.join(str(e).split())}") from None
 
 
 def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l: int | None = None,  # noqa: E741
