@@ -19,7 +19,7 @@ from stream_anon.cli import main
 from stream_anon.cli.anonymize import release_rng, release_table
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.engine import Release
-from stream_anon.core.schema import adult_schema
+from stream_anon.core.schema import Attribute, Kind, Role, Schema, adult_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 ADULT_SCHEMA_FILE = ROOT / "stream_anon" / "core" / "data" / "adult" / "schema.yaml"
@@ -125,8 +125,6 @@ def _release(cid: str, gen: str, values: list[str], *, reused: bool = False) -> 
 
 
 def test_release_table_shuffles_classes_and_rows_uniformly() -> None:
-    from stream_anon.core.schema import Attribute, Kind, Role, Schema
-
     schema = Schema("t", (Attribute("age", Role.QUASI_IDENTIFIER, Kind.NUMERIC, lo=0, hi=100, integer=True),
                           Attribute("s", Role.SENSITIVE, Kind.CATEGORICAL)))
     releases = [_release(f"c{i}", f"[{i}-{i}]", [f"{i}.{j}" for j in range(5)]) for i in range(5)]
