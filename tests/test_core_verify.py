@@ -13,7 +13,16 @@ from stream_anon.core.datasets import read_adult
 from stream_anon.core.hierarchy import Hierarchy
 from stream_anon.core.intervals import format_interval
 from stream_anon.core.schema import Attribute, Kind, Role, Schema, adult_schema
-from stream_anon.core.verify import infer_columns, verify_release_file, verify_release_frame
+from stream_anon.core.verify import (
+    ReleaseRoles,
+    RolesError,
+    meta_path,
+    read_release_meta,
+    resolve_roles,
+    verify_release_file,
+    verify_release_frame,
+    write_release_meta,
+)
 
 QI, CAT, NUM = Role.QUASI_IDENTIFIER, Kind.CATEGORICAL, Kind.NUMERIC
 ZIP = Hierarchy.from_csv_text(
@@ -125,23 +134,130 @@ def test_parameter_and_column_errors() -> None:
     assert empty.ok and empty.classes == 0 and empty.records == 0
 
 
-def test_infer_columns() -> None:
-    cols = ["record_id", "class_id", "age", "zip", "disease"]
-    assert infer_columns(cols) == (["age", "zip"], "disease")
-    assert infer_columns(cols, sensitive="age") == (["zip", "disease"], "age")
-    assert infer_columns(["record_id", "class_id", "pid", "age", "income"], person_id="pid") == (["age"], "income")
+def test_zero_quasi_identifiers_is_refused() -> None:
+    with pytest.raises(ValueError, match="no quasi-identifier column"):
+        verify_release_frame(released(), [], 3, None, "disease")
 
 
-def test_verify_release_file_infers_qis(tmp_path: Path) -> None:
+def test_public_layout_without_record_ids_counts_rows() -> None:
+    df = released().drop(columns=["record_id"])
+    r = verify_release_frame(df, ["age", "zip"], 3, 2, "disease", record_id=None, schema=SCHEMA)
+    assert r.ok and (r.classes, r.min_class_size, r.size_unit) == (2, 3, "records")
+    r4 = verify_release_frame(df, ["age", "zip"], 4, record_id=None)
+    assert r4.violations == ["class 'A': 3 records < k=4", "class 'B': 3 records < k=4"]
+    with pytest.raises(ValueError, match="needs the record ids"):
+        verify_release_frame(df, ["age", "zip"], 3, record_id=None, schema=SCHEMA, original=ORIGINAL)
+    with pytest.raises(ValueError, match=r"\['record_id'\] missing"):
+        verify_release_frame(df, ["age", "zip"], 3)  # the default expects record ids: say so, never guess
+
+
+def test_person_id_allows_one_persons_repeated_record_id_only() -> None:
+    df = released()
+    df["pid"] = ["p1", "p2", "p3", "p4", "p5", "p6"]
+    df.loc[2, "record_id"] = "r1"  # r1 twice, both for... p1 and p3: two persons
+    r = check(df, k=3, person_id="pid")
+    assert r.violations == ["record_id 'r1' appears for 2 different 'pid' values"]
+    df.loc[2, "pid"] = "p1"  # the same person twice: fine for the id check, but class A has 2 persons
+    r2 = check(df, k=3, person_id="pid")
+    assert r2.violations == ["class 'A': 2 distinct 'pid' values < k=3"]
+    assert check(df, k=2, person_id="pid").ok
+
+
+COLUMNS = ["record_id", "class_id", "age", "zip", "disease"]
+
+
+def test_resolve_roles_never_guesses() -> None:
+    with pytest.raises(RolesError, match="cannot tell which columns are quasi-identifiers.*--qi.*--schema.*meta"):
+        resolve_roles(COLUMNS)
+    # naming the QIs but not the sensitive column leaves a column without a role
+    with pytest.raises(RolesError, match=r"column\(s\) \['disease'\] have no role"):
+        resolve_roles(COLUMNS, qis=["age", "zip"])
+    roles = resolve_roles(COLUMNS, qis=["age", "zip"], sensitive="disease")
+    assert (roles.quasi_identifiers, roles.sensitive, roles.record_id, roles.layout) == (
+        ("age", "zip"), ("disease",), "record_id", "with-ids")
+    # from a schema: its QIs and sensitive attributes among the columns
+    from_schema = resolve_roles(COLUMNS, schema=SCHEMA)
+    assert (from_schema.quasi_identifiers, from_schema.sensitive) == (("age", "zip"), ("disease",))
+    assert from_schema.source == "schema 'toy'"
+    # the sensitive column dropped: the QIs are still the schema's QIs (never the last column)
+    dropped = resolve_roles(["class_id", "age", "zip"], schema=SCHEMA)
+    assert (dropped.quasi_identifiers, dropped.sensitive, dropped.layout) == (("age", "zip"), (), "public")
+    with pytest.raises(RolesError, match=r"column\(s\) \['delay'\] have no role"):
+        resolve_roles([*COLUMNS, "delay"], schema=SCHEMA)
+    with pytest.raises(RolesError, match="--qi names 'height' as the quasi-identifier column"):
+        resolve_roles(COLUMNS, qis=["height"], sensitive="disease")
+    with pytest.raises(RolesError, match="cannot be both a quasi-identifier and sensitive"):
+        resolve_roles(COLUMNS, qis=["age", "zip", "disease"], sensitive="disease")
+    with pytest.raises(RolesError, match="none of the quasi-identifiers of schema 'toy'"):
+        resolve_roles(["class_id", "disease"], schema=SCHEMA)
+    with pytest.raises(RolesError, match="'class_id' as the class id column"):
+        resolve_roles(["age", "zip", "disease"], qis=["age", "zip"], sensitive="disease")
+    with pytest.raises(RolesError, match="appear more than once"):
+        resolve_roles(["class_id", "age", "age"], qis=["age"])
+
+
+def test_meta_file_round_trip_and_mismatch(tmp_path: Path) -> None:
+    path = tmp_path / "out.csv"
+    roles = ReleaseRoles(class_id="class_id", quasi_identifiers=("age", "zip"), sensitive=("disease",),
+                         source="test", withheld_person_id="pid")
+    meta = write_release_meta(path, roles, k=3)
+    assert meta == meta_path(path) == tmp_path / "out.csv.meta.json"
+    back = read_release_meta(meta)
+    assert (back.class_id, back.quasi_identifiers, back.sensitive, back.record_id, back.withheld_person_id) == (
+        "class_id", ("age", "zip"), ("disease",), None, "pid")
+    got = resolve_roles(["class_id", "age", "zip", "disease"], meta=back)
+    assert got.quasi_identifiers == ("age", "zip") and got.withheld_person_id == "pid"
+    # the arguments beat the meta file, and every column still needs a role
+    assert resolve_roles(["class_id", "age", "zip", "disease"], meta=back, qis=["zip", "age"]).quasi_identifiers == (
+        "zip", "age")
+    with pytest.raises(RolesError, match=r"\['disease'\] have no role"):
+        resolve_roles(["class_id", "age", "zip", "disease"], meta=back, qis=["age"], sensitive="zip")
+    with pytest.raises(RolesError, match=r"names column\(s\) \['disease'\] that the file does not have"):
+        resolve_roles(["class_id", "age", "zip"], meta=back, schema=SCHEMA)
+    meta.write_text('{"format": "something else"}', encoding="utf-8")
+    with pytest.raises(RolesError, match="not a stream-anon release description"):
+        read_release_meta(meta)
+    meta.write_text("{", encoding="utf-8")
+    with pytest.raises(RolesError, match="cannot be read as JSON"):
+        read_release_meta(meta)
+
+
+def test_verify_release_file_takes_roles_from_meta_or_schema(tmp_path: Path) -> None:
     path = tmp_path / "out.csv"
     released().to_csv(path, index=False)
+    with pytest.raises(RolesError, match="cannot tell"):
+        verify_release_file(path, 3)
     r = verify_release_file(path, 3, 2, schema=SCHEMA)
-    assert r.ok and r.classes == 2
-    assert not verify_release_file(path, 4).ok
+    assert r.ok and r.classes == 2 and r.roles is not None and r.roles.sensitive == ("disease",)
+    assert not verify_release_file(path, 4, schema=SCHEMA).ok
+    write_release_meta(path, ReleaseRoles(class_id="class_id", quasi_identifiers=("age", "zip"),
+                                          sensitive=("disease",), record_id="record_id"))
+    r2 = verify_release_file(path, 3, 2)
+    assert r2.ok and r2.roles is not None and r2.roles.source.startswith("meta file")
+    with pytest.raises(RolesError, match="cannot tell"):
+        verify_release_file(path, 3, meta=False)
     bad = tmp_path / "bad.csv"
     bad.write_text('record_id,class_id\n"a,b\n', encoding="utf-8")
     with pytest.raises(ValueError, match="not a readable CSV"):
-        verify_release_file(bad, 2)
+        verify_release_file(bad, 2, qi_columns=["class_id"])
+
+
+def test_edited_release_without_sensitive_column_never_passes(tmp_path: Path) -> None:
+    """Regression (issue 11): the sensitive column dropped and a QI edited so that a class falls below k.
+
+    The old verifier took the last column (a QI) as sensitive and passed the file."""
+    df = released().drop(columns=["disease"])
+    df.loc[[0, 1], "zip"] = "*****"  # class A: only one row keeps '357**'
+    path = tmp_path / "edited.csv"
+    df.to_csv(path, index=False)
+    with pytest.raises(RolesError):
+        verify_release_file(path, 3)
+    r = verify_release_file(path, 3, schema=SCHEMA)
+    assert not r.ok and r.violation_counts == {"inconsistent class": 1}
+    df.loc[[0, 1], "class_id"] = "A2"  # consistent classes now, but A and A2 are below k
+    df.to_csv(path, index=False)
+    r = verify_release_file(path, 3, schema=SCHEMA)
+    assert sorted(r.violations) == ["class 'A': 1 distinct records < k=3", "class 'A2': 2 distinct records < k=3"]
 
 
 def adult_release(df: pd.DataFrame, schema: Schema, k: int) -> pd.DataFrame:

@@ -1,14 +1,18 @@
-"""``stream-anon perturb`` / ``stream-anon estimate`` on the real ADULT file."""
+"""``stream-anon perturb`` / ``stream-anon estimate`` on the real ADULT file and on any CSV with a schema."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from stream_anon.cli import main
 from stream_anon.core.datasets import read_adult
@@ -136,3 +140,150 @@ def test_blap_numeric_and_categorical(adult_path: Path, adult: pd.DataFrame, tmp
         assert abs(entry["estimated_mean"] - adult[c].mean()) <= 4 * entry["std_error"]
     assert e["columns"]["sex"]["kind"] == "categorical"
     _check_within_se(e, "sex", adult)
+
+
+# ------------------------------------------------------------------ any CSV with a schema (issue 11)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, env_drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m stream_anon ARGS`` as a separate process (the real entry point)."""
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "stream_anon", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], command: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"stream-anon {command}: error: "), proc.stderr
+    return lines[0]
+
+
+CITIES = ["Lyon", "Paris", "Rome", "Milan"]
+CITY_SHARE = [0.4, 0.3, 0.2, 0.1]
+
+
+@pytest.fixture()
+def visits(tmp_path: Path) -> tuple[Path, Path, pd.DataFrame]:
+    """A non-ADULT data set: 20,000 visits with a schema (record id 'visit'), drawn with a fixed seed."""
+    (tmp_path / "city.csv").write_text("Lyon;FR;*\nParis;FR;*\nRome;IT;*\nMilan;IT;*\n", encoding="utf-8")
+    spec = {"name": "visits", "record_id": "visit", "attributes": [
+        {"name": "age", "role": "quasi_identifier", "type": "numeric", "domain": [0, 120], "integer": True},
+        {"name": "city", "role": "quasi_identifier", "type": "categorical", "hierarchy": "city.csv"},
+        {"name": "diagnosis", "role": "sensitive", "type": "categorical", "values": ["flu", "cold", "none"]}]}
+    schema = tmp_path / "visits.yaml"
+    schema.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    rng = np.random.default_rng(11)
+    n = 20_000
+    df = pd.DataFrame({"visit": [f"v{i}" for i in range(n)], "age": rng.integers(0, 121, n),
+                       "city": rng.choice(CITIES, n, p=CITY_SHARE),
+                       "diagnosis": rng.choice(["flu", "cold", "none"], n, p=[0.2, 0.3, 0.5])})
+    data = tmp_path / "visits.csv"
+    df.to_csv(data, index=False)
+    return data, schema, df
+
+
+def test_perturb_and_estimate_any_csv_with_a_schema(visits: tuple[Path, Path, pd.DataFrame], tmp_path: Path) -> None:
+    data, schema, truth = visits
+    out, est = tmp_path / "krr.csv", tmp_path / "est.json"
+    assert _run("perturb", "--schema", str(schema), "--input", str(data), "--mechanism", "krr", "--epsilon", "2",
+                "--output", str(out), "--seed", "3") == 0
+    df = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(df.columns) == ["visit", "city", "diagnosis", "mechanism.city", "mechanism.diagnosis",
+                                "epsilon.city", "epsilon.diagnosis", "epsilon.record"]  # default: the categorical ones
+    assert df["visit"].tolist() == truth["visit"].tolist()
+    assert set(df["city"]) <= set(CITIES) and (df["epsilon.record"].astype(float) == 4.0).all()
+    assert _run("estimate", "--schema", str(schema), "--mechanism", "krr", "--input", str(out), "--truth", str(data),
+                "--output", str(est)) == 0
+    e = json.loads(est.read_text())
+    for column in ("city", "diagnosis"):
+        entry = e["columns"][column]
+        counts = truth[column].value_counts()
+        for cat, count, se in zip(entry["categories"], entry["counts"], entry["std_errors"], strict=True):
+            assert abs(count - counts.get(cat, 0)) <= 4 * se + 1e-9, (column, cat)
+    # bounded Laplace on the numeric QI, inside the schema's public domain [0, 120]
+    blap = tmp_path / "blap.csv"
+    assert _run("perturb", "--schema", str(schema), "--input", str(data), "--mechanism", "blap", "--epsilon", "1",
+                "--columns", "age", "--output", str(blap), "--seed", "4") == 0
+    ages = pd.read_csv(blap)["age"].to_numpy(dtype=float)
+    assert ages.min() >= 0 and ages.max() <= 120
+    assert _run("estimate", "--schema", str(schema), "--mechanism", "blap", "--input", str(blap), "--truth", str(data),
+                "--output", str(est)) == 0
+    age = json.loads(est.read_text())["columns"]["age"]
+    assert abs(age["estimated_mean"] - truth["age"].mean()) <= 4 * age["std_error"]
+
+
+def test_non_adult_csv_without_schema_says_what_it_needs(visits: tuple[Path, Path, pd.DataFrame],
+                                                         tmp_path: Path) -> None:
+    data, _, _ = visits
+    line = one_line_error(cli("perturb", "--input", str(data), "--mechanism", "krr", "--epsilon", "1",
+                              "--output", str(tmp_path / "o.csv")), "perturb")
+    assert "required by schema 'adult' are missing" in line and "give --schema for another data set" in line
+
+
+def test_unknown_category_in_the_input_names_row_field_allowed_and_value(visits: tuple[Path, Path, pd.DataFrame],
+                                                                         tmp_path: Path) -> None:
+    data, schema, truth = visits
+    bad = truth.copy()
+    bad.loc[6, "city"] = "Berlin"
+    bad.to_csv(data, index=False)
+    line = one_line_error(cli("perturb", "--schema", str(schema), "--input", str(data), "--mechanism", "krr",
+                              "--epsilon", "1", "--output", str(tmp_path / "o.csv")), "perturb")
+    assert "row 7, field 'city': unknown category 'Berlin'" in line
+    assert "'Lyon', 'Paris', 'Rome', 'Milan'" in line
+
+
+def test_estimate_refuses_reports_outside_the_public_domain(visits: tuple[Path, Path, pd.DataFrame],
+                                                             tmp_path: Path) -> None:
+    data, schema, _ = visits
+    out = tmp_path / "krr.csv"
+    assert _run("perturb", "--schema", str(schema), "--input", str(data), "--mechanism", "krr", "--epsilon", "1",
+                "--columns", "city", "--output", str(out), "--seed", "1") == 0
+    df = pd.read_csv(out, dtype=str, keep_default_na=False)
+    df.loc[41, "city"] = "Atlantis"
+    df.to_csv(out, index=False)
+    line = one_line_error(cli("estimate", "--schema", str(schema), "--mechanism", "krr", "--input", str(out),
+                              "--output", str(tmp_path / "e.json")), "estimate")
+    assert "row 42, column 'city': 'Atlantis' is not a possible report" in line and "'Lyon'" in line
+
+
+@pytest.mark.parametrize("command, argv, fragments", [
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--input", "{tmp}/nope.csv", "--output", "{tmp}/o.csv"],
+     ["--input: file", "nope.csv' does not exist"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--schema", "{tmp}/nope.yaml", "--input", "{data}",
+                 "--output", "{tmp}/o.csv"], ["--schema: file", "does not exist"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--schema", "{schema}", "--output", "{tmp}/o.csv"],
+     ["--input: no file given"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--schema", "{schema}", "--input", "{data}",
+                 "--columns", "city,height", "--output", "{tmp}/o.csv"],
+     ["--columns: unknown column 'height'", "allowed: age, city, diagnosis"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "-1", "--input", "{data}", "--output", "{tmp}/o.csv"],
+     ["argument --epsilon: expected a number in (0, inf), got '-1'"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--schema", "{schema}", "--input", "{data}",
+                 "--output", "{data}"], ["--output:", "is also the input file"]),
+    ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--schema", "{schema}", "--input", "{data}",
+                 "--output", "{schema}/o.csv"], ["--output: cannot write", "is a file, not a folder"]),
+    ("perturb", ["--mechanism", "laplace", "--epsilon", "1", "--output", "{tmp}/o.csv"],
+     ["argument --mechanism: invalid choice: 'laplace'"]),
+    ("estimate", ["--mechanism", "krr", "--schema", "{schema}", "--input", "{data}", "--output", "{tmp}/e.json"],
+     ["--input:", "has no perturbed columns"]),
+    ("estimate", ["--mechanism", "krr", "--input", "{tmp}/nope.csv", "--output", "{tmp}/e.json"],
+     ["--input: file", "does not exist"]),
+    ("estimate", ["--mechanism", "krr", "--input", "{data}", "--truth", "{tmp}/nope.data", "--output", "{tmp}/e.json"],
+     ["--truth: file", "does not exist"]),
+])
+def test_operator_mistakes_give_one_line_and_exit_2(command: str, argv: list[str], fragments: list[str],
+                                                    visits: tuple[Path, Path, pd.DataFrame], tmp_path: Path) -> None:
+    data, schema, _ = visits
+    subst = {"tmp": str(tmp_path), "data": str(data), "schema": str(schema)}
+    line = one_line_error(cli(command, *[a.format(**subst) for a in argv]), command)
+    for f in fragments:
+        assert f in line, line
+
+
+def test_perturb_without_input_or_environment(tmp_path: Path) -> None:
+    line = one_line_error(cli("perturb", "--mechanism", "krr", "--epsilon", "1", "--output", str(tmp_path / "o.csv"),
+                              env_drop=("STREAM_ANON_ADULT",)), "perturb")
+    assert "--input: no input file given and $STREAM_ANON_ADULT is not set" in line

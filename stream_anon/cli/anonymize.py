@@ -1,16 +1,21 @@
 """``stream-anon anonymize`` (stream a file through the engine) and ``stream-anon verify`` (check a release).
 
-Exit codes: 0 success; 1 verification found violations; 2 bad input or parameter (the message names the
-parameter or field, the allowed range and the value received).
+The release (``anonymize --output``) has the public layout by default: an opaque random class id, the
+generalized QIs and the sensitive value(s), no record id, the rows of a class and the classes in random
+order (release order is timing); ``--keep-ids`` writes the internal layout (record id, engine class ids,
+release order), outside the threat model.  Beside it, ``<output>.meta.json`` names each column's role, so
+``verify`` never has to guess (docs/offline-tools.md).
+
+Exit codes: 0 success; 1 verification found violations; 2 bad input or parameter (one line naming the
+option or file, the allowed values and the value received).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
-import os
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -19,63 +24,81 @@ from typing import Any
 
 import pandas as pd
 
-from stream_anon.core.datasets import ADULT_COLUMNS, DatasetError, read_adult, read_csv_with_schema
+from stream_anon.cli.arguments import (
+    UsageError,
+    comma_list,
+    guarded,
+    input_file,
+    load_schema,
+    one_line_errors,
+    output_file,
+    write_text,
+)
+from stream_anon.core.datasets import ADULT_ENV, DatasetError, check_record_ids, read_records
 from stream_anon.core.engine import Engine, EngineConfig, EngineConfigError, Release
+from stream_anon.core.loss import summarize_releases
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
+from stream_anon.core.verify import ReleaseRoles, RolesError, verify_release_file, write_release_meta
 
-
-class UsageError(ValueError):
-    """Bad command-line input: reported on stderr, exit code 2."""
+CLASS_ID_COLUMN = "class_id"
+RECORD_ID_COLUMN = "record_id"
+OPAQUE_ID_BITS = 64
 
 
 # ============================================================================ input
-def detect_format(path: Path) -> str:
-    """``adult`` for the UCI layout (no header, 15 ", "-separated fields), else ``csv`` (with a header)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = f.readline()
-    fields = [x.strip() for x in first.split(",")]
-    if len(fields) == len(ADULT_COLUMNS) and fields[0].isdigit():
-        return "adult"
-    return "csv"
-
-
-def load_stream(path: Path, fmt: str, schema: Schema) -> pd.DataFrame:
-    """The input records in arrival (file) order, every record validated against ``schema``."""
-    if fmt == "adult":
-        df = read_adult(path, check_count=False)
-        rid = schema.record_id or "id"
-        if rid != "id":
-            df = df.rename(columns={"id": rid})
-        cols = {c: df[c].tolist() for c in df.columns}
-        for i in range(len(df)):
-            rec = {c: cols[c][i] for c in cols}
-            try:
-                schema.validate(rec, allow_extra=True)
-            except SchemaError as e:
-                raise DatasetError(f"{path}: line {i + 1}: {e}") from e
-        return df
-    return read_csv_with_schema(path, schema)
-
-
 def build_schema(args: argparse.Namespace) -> Schema:
-    schema = Schema.load(args.schema) if args.schema else adult_schema()
-    qis = [q.strip() for q in args.qi.split(",") if q.strip()] if args.qi else None
-    if qis is not None and not qis:
-        raise UsageError("--qi: expected a comma-separated list of attribute names, got an empty list")
+    """The schema of ``--schema`` (default ADULT) with the roles of ``--qi`` / ``--sensitive``."""
+    schema = load_schema("--schema", args.schema)
+    qis = comma_list("--qi", args.qi)
     if qis is not None or args.sensitive is not None:
-        schema = schema.with_roles(qis=qis, sensitive=args.sensitive)
+        try:
+            schema = schema.with_roles(qis=qis, sensitive=args.sensitive)
+        except SchemaError as e:
+            option = {"qi": "--qi", "sensitive": "--sensitive"}.get(str(e.field), "--qi")
+            raise UsageError(f"{option}: {e}") from None
     if not schema.qis:
-        raise UsageError("--qi: no quasi-identifier selected")
+        raise UsageError(f"--qi: no quasi-identifier selected (schema {schema.name!r} has none; name them with --qi)")
+    taken = {CLASS_ID_COLUMN, RECORD_ID_COLUMN}
+    clash = [a.name for a in schema.attributes if a.name in taken and (a.is_qi or a.role.value == "sensitive")]
+    if clash:
+        raise UsageError(f"--schema: attribute(s) {clash} would collide with the release's "
+                         f"{CLASS_ID_COLUMN!r}/{RECORD_ID_COLUMN!r} columns; rename them")
     return schema
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
-        leftover=args.leftover, delta_leftover=args.delta_leftover, l=args.l, zeta=args.zeta, max_age=args.max_age,
-        adaptive_delay=args.adaptive_delay, delta_min=args.delta_min, seed=args.seed, age_weight=args.age_weight,
-        release_slack=args.release_slack,
-    )
+    """The engine parameters; an invalid one names its option (``--k: must be an integer >= 2, got 1``)."""
+    try:
+        return EngineConfig(
+            k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
+            leftover=args.leftover, delta_leftover=args.delta_leftover, l=args.l, zeta=args.zeta,
+            max_age=args.max_age, adaptive_delay=args.adaptive_delay, delta_min=args.delta_min, seed=args.seed,
+            age_weight=args.age_weight, release_slack=args.release_slack,
+        )
+    except EngineConfigError as e:
+        raise UsageError(f"--{e.parameter.replace('_', '-')}: must be {e.allowed}, got {e.value!r}") from None
+
+
+def build_engine(schema: Schema, config: EngineConfig) -> Engine:
+    try:
+        return Engine(schema, config)
+    except EngineConfigError as e:
+        raise UsageError(f"--{e.parameter.replace('_', '-')}: must be {e.allowed}, got {e.value!r}") from None
+    except MemoryError:
+        raise UsageError(f"--delta {config.delta}: the engine's buffer of delta records (plus --delta-leftover) "
+                         f"does not fit in memory") from None
+
+
+def load_input(path: Path, schema: Schema, fmt: str | None, *, schema_given: bool) -> tuple[pd.DataFrame, str]:
+    """The validated records of ``path``; duplicate record ids are refused (see ``check_record_ids``)."""
+    try:
+        df, fmt = read_records(path, schema, fmt)
+        check_record_ids(df, schema, where=str(path))
+    except DatasetError as e:
+        hint = "" if schema_given or "required by schema" not in str(e) else (
+            " (without --schema the input must be ADULT; give --schema for another data set)")
+        raise UsageError(f"--input: {e}{hint}") from None
+    return df, fmt
 
 
 # ============================================================================ running
@@ -116,9 +139,7 @@ def delay_stats(releases: Sequence[Release]) -> dict[str, Any]:
 
 
 def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> dict[str, Any]:
-    """The summary JSON: loss metrics (core/loss.py), delays, counts, throughput, parameters."""
-    from stream_anon.core.loss import summarize_releases
-
+    """The summary JSON: loss metrics (core/loss.py), delays, counts, throughput, parameters (no per-record data)."""
     cfg = engine.config
     loss = summarize_releases(releases, engine.schema, cfg.k).as_dict()
     n_in = engine.records_in
@@ -143,82 +164,152 @@ def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> di
     return out
 
 
-def write_release_csv(path: str | os.PathLike[str], schema: Schema, releases: Sequence[Release]) -> int:
-    """One row per released record: record_id, class_id, QIs (schema order) as released strings, sensitive."""
+def release_rng(seed: int | None) -> random.Random:
+    """The generator of the public release's class ids and row order: the OS's CSPRNG (``random.SystemRandom``).
+
+    ``seed`` (tests only) gives a reproducible, hence predictable, ``random.Random``.
+    """
+    return random.SystemRandom() if seed is None else random.Random(seed)
+
+
+def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool = False,
+                  rng: random.Random | None = None) -> tuple[pd.DataFrame, ReleaseRoles]:
+    """The released table of the engine's releases (``kind == "class"``) and the roles of its columns.
+
+    Public layout (default): ``class_id`` (an opaque random id of 64 bits, drawn from ``rng``, default the
+    OS's CSPRNG: not derived from row numbers, record ids, engine class numbers or time), the QIs (schema
+    order) as released strings, the sensitive value(s).  All rows of an engine class (including records
+    released later under it by CASTLE's reuse) share one id; classes and the rows within each class are
+    shuffled, so the file's order says nothing about arrival or release times.
+
+    ``keep_ids``: the internal layout: ``record_id``, the person id column (when the schema has one), the
+    engine's class id, QIs, sensitive value(s), in release order.
+    """
     qis = [a.name for a in schema.attributes if a.is_qi]
-    sens = schema.sensitive[0].name if schema.sensitive else None
-    header = ["record_id", "class_id", *qis] + ([sens] if sens else [])
+    sens = [a.name for a in schema.sensitive]
     rid_field = schema.record_id or "id"
-    n = 0
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
+    pid = schema.person_id
+    if keep_ids:
+        id_cols = [RECORD_ID_COLUMN] + ([pid] if pid else [])
+        rows: list[list[Any]] = []
         for r in releases:
             if r.kind != "class":
                 continue
-            gen = [r.generalized[q] for q in qis]
+            released = [r.generalized[q] for q in qis]
             for rec in r.records:
-                row = [rec.get(rid_field), r.class_id, *gen]
-                if sens:
-                    row.append(rec[sens])
-                w.writerow(row)
-                n += 1
-    return n
+                ids = [rec.get(rid_field)] + ([rec.get(pid)] if pid else [])
+                rows.append([*ids, r.class_id, *released, *(rec[c] for c in sens)])
+        roles = ReleaseRoles(class_id=CLASS_ID_COLUMN, quasi_identifiers=tuple(qis), sensitive=tuple(sens),
+                             record_id=RECORD_ID_COLUMN, person_id=pid, source="anonymize --keep-ids")
+        return pd.DataFrame(rows, columns=[*id_cols, CLASS_ID_COLUMN, *qis, *sens]), roles
+    rng = rng if rng is not None else release_rng(None)
+    classes: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = {}
+    for r in releases:
+        if r.kind != "class":
+            continue
+        # keyed by the generalization too: a reuse under a class id with another generalization (an engine
+        # bug) stays a class of its own, which verify then sees, instead of being relabelled
+        members = classes.setdefault((r.class_id, tuple(r.generalized[q] for q in qis)), [])
+        members.extend([rec[c] for c in sens] for rec in r.records)
+    opaque: set[str] = set()
+    blocks: list[tuple[str, tuple[str, ...], list[list[Any]]]] = []
+    for (_, gen), members in classes.items():
+        cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"
+        while cid in opaque:  # a collision is astronomically unlikely; ids stay unique in the file anyway
+            cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"
+        opaque.add(cid)
+        rng.shuffle(members)
+        blocks.append((cid, gen, members))
+    rng.shuffle(blocks)
+    rows = [[cid, *gen, *values] for cid, gen, members in blocks for values in members]
+    roles = ReleaseRoles(class_id=CLASS_ID_COLUMN, quasi_identifiers=tuple(qis), sensitive=tuple(sens),
+                         source="anonymize", withheld_person_id=pid)
+    return pd.DataFrame(rows, columns=[CLASS_ID_COLUMN, *qis, *sens]), roles
+
+
+def write_release(path: Path, table: pd.DataFrame, roles: ReleaseRoles, schema: Schema,
+                  config: EngineConfig) -> Path:
+    """Write the released CSV and its meta file ``<path>.meta.json``; returns the meta file's path."""
+    try:
+        table.to_csv(path, index=False)
+        return write_release_meta(
+            path, roles, schema=schema.name, k=config.k, l=config.l, records=len(table),
+            classes=int(table[roles.class_id].nunique()),
+            class_size_counts="distinct persons" if roles.person_id else (
+                "records" if roles.withheld_person_id is None else
+                f"records (the schema's person id {roles.withheld_person_id!r} is not released)"),
+            row_order="release order" if roles.layout == "with-ids" else "random (classes and rows within a class)",
+            class_ids="engine class ids" if roles.layout == "with-ids" else "opaque random 64-bit ids",
+        )
+    except OSError as e:
+        raise UsageError(f"--output: cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
 # ============================================================================ commands
+@guarded("stream-anon anonymize")
 def cmd_anonymize(args: argparse.Namespace) -> int:
-    try:
-        path = Path(args.input) if args.input else None
-        if path is None:
-            env = os.environ.get("STREAM_ANON_ADULT")
-            if not env:
-                raise UsageError("--input: no input file given and $STREAM_ANON_ADULT is not set")
-            path = Path(env)
-        if not path.is_file():
-            raise UsageError(f"--input: file {str(path)!r} does not exist")
-        schema = build_schema(args)
-        config = config_from_args(args)
-        engine = Engine(schema, config)
-        fmt = args.format or detect_format(path)
-        df = load_stream(path, fmt, schema)
-    except (UsageError, EngineConfigError, SchemaError, DatasetError, ValueError) as e:
-        print(f"stream-anon anonymize: error: {e}", file=sys.stderr)
-        return 2
+    path = input_file("--input", args.input, env=ADULT_ENV)
+    schema = build_schema(args)
+    config = config_from_args(args)
+    out = output_file("--output", args.output, inputs=(path,)) if args.output else None
+    summary_path = output_file("--summary", args.summary, inputs=(path,)) if args.summary else None
+    if out is not None and summary_path is not None and out.resolve() == summary_path.resolve():
+        raise UsageError(f"--summary: {str(summary_path)!r} is also the --output file; choose another path")
+    if out is None and args.keep_ids:
+        raise UsageError("--keep-ids: only with --output (it sets the released file's layout)")
+    engine = build_engine(schema, config)
+    df, fmt = load_input(path, schema, args.format, schema_given=args.schema is not None)
     releases, seconds = run_engine(engine, df)
     summary = summarize(engine, releases, seconds)
     summary["input"] = str(path)
     summary["format"] = fmt
-    if args.output:
-        write_release_csv(args.output, schema, releases)
-    if args.summary:
-        Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if out is not None:
+        table, roles = release_table(releases, schema, keep_ids=args.keep_ids, rng=release_rng(args.release_seed))
+        meta = write_release(out, table, roles, schema, config)
+        summary["release"] = {"layout": roles.layout, "file": str(out), "meta": str(meta)}
+        if args.keep_ids:
+            print("stream-anon anonymize: warning: --keep-ids: the release carries record ids, engine class ids "
+                  "and release order; it is an internal file, outside the threat model (docs/offline-tools.md)",
+                  file=sys.stderr)
+    if summary_path is not None:
+        write_text("--summary", summary_path, json.dumps(summary, indent=2) + "\n")
+    rate = summary["records_per_second"]
     print(f"{summary['records_in']} records in, {summary['records_released']} released in "
           f"{summary['classes']} classes, {summary['records_suppressed']} suppressed; "
-          f"GT loss {summary['gt_loss']:.4f}, max delay {summary['max_delay']}, "
-          f"{summary['records_per_second']:.0f} records/s (engine)")
+          f"GT loss {summary['gt_loss']:.4f}, max delay {summary['max_delay']}"
+          + (f", {rate:.0f} records/s (engine)" if rate else ""))
     return 0
 
 
+@guarded("stream-anon verify", RolesError, ValueError)
 def cmd_verify(args: argparse.Namespace) -> int:
-    from stream_anon.core.verify import verify_release_file
-
-    try:
-        if args.k < 1:
-            raise UsageError(f"--k: must be an integer >= 1, got {args.k}")
-        if args.l is not None and args.l < 1:
-            raise UsageError(f"--l: must be an integer >= 1, got {args.l}")
-        qis = [q.strip() for q in args.qi.split(",") if q.strip()] if args.qi else None
-        schema = Schema.load(args.schema) if args.schema else (adult_schema() if args.adult_schema else None)
-        report = verify_release_file(args.input, args.k, args.l, qis, args.sensitive, schema=schema)
-    except (UsageError, ValueError, OSError) as e:
-        print(f"stream-anon verify: error: {e}", file=sys.stderr)
-        return 2
+    """Exit 0 when every check passes, 1 on a violation, 2 when the roles or the input are unclear."""
+    if args.k < 2:
+        raise UsageError(f"--k: must be an integer >= 2 (k=1 holds for any table), got {args.k}")
+    if args.l is not None and args.l < 1:
+        raise UsageError(f"--l: must be an integer >= 1, got {args.l}")
+    path = input_file("--input", args.input)
+    if args.schema and args.adult_schema:
+        raise UsageError("--schema and --adult-schema: give one of them, not both")
+    if args.meta is not None and args.no_meta:
+        raise UsageError("--meta and --no-meta: give one of them, not both")
+    schema = load_schema("--schema", args.schema) if args.schema else (adult_schema() if args.adult_schema else None)
+    meta: Path | bool = input_file("--meta", args.meta) if args.meta is not None else not args.no_meta
+    qis = comma_list("--qi", args.qi)
+    report = verify_release_file(path, args.k, args.l, qis, args.sensitive, person_id=args.person_id,
+                                 schema=schema, meta=meta)
+    roles = report.roles
+    assert roles is not None
+    print(roles.describe())
+    if roles.withheld_person_id:
+        print(f"note: the release does not carry the person id {roles.withheld_person_id!r}: class sizes count "
+              f"records, and a class of k records may hold fewer than k individuals")
+    params = f"k={args.k}{'' if args.l is None else f', l={args.l}'}"
     if report.ok:
         print(f"OK: {report.records} records in {report.classes} classes, smallest class {report.min_class_size} "
-              f"(k={args.k}{'' if args.l is None else f', l={args.l}'})")
+              f"{report.size_unit} ({params})")
         return 0
-    print(f"VIOLATIONS in {args.input}:")
+    print(f"VIOLATIONS in {path} ({params}):")
     for v in report.violations:
         print(f"  {v}")
     return 1
@@ -245,26 +336,42 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("anonymize", help="stream a file through the k-anonymity engine",
-                       description="Stream a file (ADULT format or CSV with a schema) through CASTLE/UBDSA in "
-                                   "arrival order; write the released table and a JSON summary.")
-    p.add_argument("--input", default=None, help="input file (default $STREAM_ANON_ADULT)")
+    p = one_line_errors(sub.add_parser(
+        "anonymize", help="stream a file through the k-anonymity engine",
+        description="Stream a file (ADULT format or CSV with a schema) through CASTLE/UBDSA in arrival order; "
+                    "write the released table (public layout: opaque class ids, random order, no record ids), "
+                    "its meta file <output>.meta.json and a JSON summary. See docs/offline-tools.md."))
+    p.add_argument("--input", default=None, help=f"input file (default ${ADULT_ENV})")
     p.add_argument("--format", choices=["adult", "csv"], default=None, help="input format (default: detected)")
     p.add_argument("--schema", default=None, help="schema YAML/JSON (default: the shipped ADULT schema)")
     p.add_argument("--qi", default=None, help="comma-separated quasi-identifiers (default: the schema's)")
     p.add_argument("--sensitive", default=None, help="sensitive attribute (default: the schema's)")
     add_engine_arguments(p)
-    p.add_argument("--output", default=None, help="released CSV")
-    p.add_argument("--summary", default=None, help="summary JSON")
+    p.add_argument("--output", default=None,
+                   help="released CSV (public layout); its roles go to OUTPUT.meta.json beside it")
+    p.add_argument("--keep-ids", action="store_true",
+                   help="internal layout instead: record_id (and the person id), engine class ids, release order; "
+                        "outside the threat model")
+    p.add_argument("--release-seed", type=int, default=None,
+                   help="tests only: seed of the release's class ids and row order (default: the OS's CSPRNG; "
+                        "a seeded release is predictable)")
+    p.add_argument("--summary", default=None, help="summary JSON (engine figures)")
     p.set_defaults(func=cmd_anonymize)
 
-    v = sub.add_parser("verify", help="check a released CSV for k-anonymity (and l-diversity)",
-                       description="Check a released CSV independently of the engine; exit 1 on any violation.")
-    v.add_argument("--input", required=True, help="released CSV (anonymize --output)")
-    v.add_argument("--k", type=int, required=True)
-    v.add_argument("--l", type=int, default=None)
-    v.add_argument("--qi", default=None, help="QI columns (default: all but record_id, class_id and the last)")
-    v.add_argument("--sensitive", default=None, help="sensitive column (default: the last column)")
-    v.add_argument("--schema", default=None, help="schema to check the released strings against")
-    v.add_argument("--adult-schema", action="store_true", help="check the strings against the ADULT schema")
+    v = one_line_errors(sub.add_parser(
+        "verify", help="check a released CSV for k-anonymity (and l-diversity)",
+        description="Check a released CSV independently of the engine; exit 1 on any violation, 2 when the "
+                    "column roles are unknown. Roles come from --qi/--sensitive, else the release's meta file "
+                    "(<input>.meta.json, or --meta), else --schema; verify never guesses."))
+    v.add_argument("--input", required=True, help="released CSV (anonymize --output), either layout")
+    v.add_argument("--k", type=int, required=True, help="every class must hold >= k distinct individuals (>= 2)")
+    v.add_argument("--l", type=int, default=None, help="every class must hold >= l distinct sensitive values")
+    v.add_argument("--qi", default=None, help="comma-separated QI columns (overrides the meta file and the schema)")
+    v.add_argument("--sensitive", default=None, help="the sensitive column (overrides the meta file and the schema)")
+    v.add_argument("--person-id", default=None, help="column of person ids: class sizes count distinct persons")
+    v.add_argument("--meta", default=None, help="the release's meta file (default: INPUT.meta.json when it exists)")
+    v.add_argument("--no-meta", action="store_true", help="ignore INPUT.meta.json")
+    v.add_argument("--schema", default=None, help="schema: roles (when no meta file) and a parse check of the "
+                                                  "released strings")
+    v.add_argument("--adult-schema", action="store_true", help="as --schema with the shipped ADULT schema")
     v.set_defaults(func=cmd_verify)

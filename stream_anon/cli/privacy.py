@@ -1,16 +1,20 @@
 """``stream-anon perturb`` (client side: locally randomize columns) and ``stream-anon estimate`` (server side).
 
-perturb: reads ADULT (``--input``, default ``$STREAM_ANON_ADULT``), perturbs ``--columns`` with one mechanism
-  (``krr`` k-RR, ``rs`` FRAPP random substitution, ``rs-l`` l-extended substitution, ``blap`` bounded
-  Laplace / its discretized form for categories), writes ``--output`` CSV (record id, the perturbed values,
-  ``epsilon.<column>`` and ``epsilon.record`` per row) and a ``--summary`` JSON (eps per column and per record
-  = sequential composition, values/s).
-estimate: reads that CSV and recovers each column's distribution (categorical: unbiased counts with standard
-  errors; numeric blap: the mean with its standard error); with ``--truth`` also the error against the true
-  data (max abs count/frequency error, total variation, relative L2 error; numeric: abs error of the mean).
+perturb: reads any CSV described by ``--schema`` (like ``anonymize``; without ``--schema`` the file is ADULT,
+  in the UCI layout or as a CSV with ADULT's columns, ``--input`` defaulting to ``$STREAM_ANON_ADULT``),
+  perturbs ``--columns`` with one mechanism (``krr`` k-RR, ``rs`` FRAPP random substitution, ``rs-l``
+  l-extended substitution, ``blap`` bounded Laplace / its discretized form for categories), writes
+  ``--output`` CSV (the schema's record id, the perturbed values, ``epsilon.<column>`` and ``epsilon.record``
+  per row) and a ``--summary`` JSON (eps per column and per record = sequential composition, values/s).
+estimate: reads that CSV (with the same ``--schema``) and recovers each column's distribution (categorical:
+  unbiased counts with standard errors; numeric blap: the mean with its standard error); with ``--truth``
+  (the original file) also the error against the true data (max abs count/frequency error, total
+  variation, relative L2 error; numeric: abs error of the mean).
 
 Domains are public: categorical = the schema's hierarchy leaves / values; numeric = the schema's domain.
-Exit codes: 0 success, 2 bad input or parameter (message names it), 3 privacy budget exhausted.
+Every input value is checked against them (an error names the file, row, column, allowed values and the
+value received).  Exit codes: 0 success, 2 bad input or parameter (one line naming the option or file),
+3 privacy budget exhausted.
 """
 
 from __future__ import annotations
@@ -20,14 +24,25 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from stream_anon.core.datasets import DatasetError, read_adult
-from stream_anon.core.schema import Attribute, Kind, Schema, adult_schema
+from stream_anon.cli.arguments import (
+    UsageError,
+    comma_list,
+    fail,
+    input_file,
+    load_schema,
+    one_line_errors,
+    output_file,
+    write_text,
+)
+from stream_anon.core.datasets import ADULT_ENV, DatasetError, read_records
+from stream_anon.core.schema import Attribute, Kind, Role, Schema
 from stream_anon.privacy.base import PrivacyParameterError, secure_rng
 from stream_anon.privacy.budget import (
     BudgetAccountant,
@@ -48,22 +63,21 @@ MECHANISMS = ("krr", "rs", "rs-l", "blap")
 MAX_INTEGER_DOMAIN = 1000  # numeric columns with at most this many integer values may be used as categories
 
 
-class UsageError(ValueError):
-    """Bad command-line input (exit code 2)."""
-
-
 # ============================================================================ helpers
 def _columns(arg: str | None, schema: Schema, mechanism: str) -> list[str]:
-    if not arg:
+    cols = comma_list("--columns", arg)
+    if cols is None:
         if mechanism == "blap":
-            return [a.name for a in schema.attributes if a.role.value != "identifier"]
-        return [a.name for a in schema.attributes if a.kind is Kind.CATEGORICAL]
-    cols = [c.strip() for c in arg.split(",") if c.strip()]
+            cols = [a.name for a in schema.attributes if a.role is not Role.IDENTIFIER]
+        else:
+            cols = [a.name for a in schema.attributes if a.kind is Kind.CATEGORICAL and a.role is not Role.IDENTIFIER]
+        if not cols:
+            raise UsageError(f"--columns: schema {schema.name!r} has no {'non-identifier' if mechanism == 'blap' else 'categorical'} "
+                             f"column to perturb by default; name them with --columns")
+        return cols
     for c in cols:
         if c not in schema:
             raise UsageError(f"--columns: unknown column {c!r}; allowed: {', '.join(schema.names)}")
-    if len(set(cols)) != len(cols):
-        raise UsageError(f"--columns: each column at most once, got {arg!r}")
     return cols
 
 
@@ -72,7 +86,8 @@ def categories_of(attr: Attribute) -> list[Any]:
     if attr.kind is Kind.CATEGORICAL:
         vals = list(attr.domain_values)
         if len(vals) < 2:
-            raise UsageError(f"column {attr.name!r}: no public categorical domain in the schema")
+            raise UsageError(f"column {attr.name!r}: no public categorical domain in the schema (declare its "
+                             f"'values' or a 'hierarchy'; got {len(vals)} value(s))")
         return vals
     if attr.integer and attr.lo is not None and attr.hi is not None and attr.hi - attr.lo + 1 <= MAX_INTEGER_DOMAIN:
         return list(range(int(attr.lo), int(attr.hi) + 1))
@@ -163,14 +178,29 @@ def _column_values(df: pd.DataFrame, attr: Attribute) -> np.ndarray:
     return values
 
 
+# ============================================================================ input
+def read_input(option: str, path: Path, schema: Schema, fmt: str | None, *, schema_given: bool) -> pd.DataFrame:
+    """The validated records of ``path`` (any CSV of ``schema``, or the UCI ADULT layout)."""
+    try:
+        df, _ = read_records(path, schema, fmt)
+    except DatasetError as e:
+        hint = "" if schema_given or "required by schema" not in str(e) else (
+            " (without --schema the input must be ADULT; give --schema for another data set)")
+        raise UsageError(f"{option}: {e}{hint}") from None
+    return df
+
+
 # ============================================================================ perturb
 def run_perturb(args: argparse.Namespace) -> int:
-    schema = adult_schema()
-    df = read_adult(args.input)
+    schema = load_schema("--schema", args.schema)
+    path = input_file("--input", args.input, env=None if args.schema else ADULT_ENV)
+    output = output_file("--output", args.output, inputs=(path,))
+    summary_path = output_file("--summary", args.summary, inputs=(path, output)) if args.summary else None
+    if summary_path is not None and summary_path.resolve() == output.resolve():
+        raise UsageError(f"--summary: {str(summary_path)!r} is also the --output file; choose another path")
     cols = _columns(args.columns, schema, args.mechanism)
     eps_by_col = _column_epsilons(args, cols)
     rng = secure_rng(args.seed)
-    out = pd.DataFrame({"id": df["id"]})
     info: dict[str, dict[str, Any]] = {}
     mechs: dict[str, Any] = {}
     for c in cols:
@@ -188,6 +218,9 @@ def run_perturb(args: argparse.Namespace) -> int:
     accountant = BudgetAccountant(total_epsilon=budget_total)
     for c in cols:
         accountant.spend(info[c]["epsilon"], f"column {c!r}")
+    df = read_input("--input", path, schema, args.format, schema_given=args.schema is not None)
+    rid = schema.record_id or "id"
+    out = pd.DataFrame({rid: df[rid]})
     n = len(df)
     total_time = 0.0
     total_values = 0
@@ -213,74 +246,115 @@ def run_perturb(args: argparse.Namespace) -> int:
     for c in cols:
         out[f"epsilon.{c}"] = info[c]["epsilon"]
     out["epsilon.record"] = record_eps
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(args.output, index=False, float_format="%.10g" if args.mechanism == "blap" else None)
+    try:
+        out.to_csv(output, index=False, float_format="%.10g" if args.mechanism == "blap" else None)
+    except OSError as e:
+        raise UsageError(f"--output: cannot write {str(output)!r}: {e.strerror or e}") from None
     summary = {
-        "command": "perturb", "mechanism": args.mechanism, "input": str(args.input or "$STREAM_ANON_ADULT"),
-        "output": str(args.output), "n_records": n, "columns": info, "budget": args.budget,
+        "command": "perturb", "mechanism": args.mechanism, "input": str(path), "schema": schema.name,
+        "output": str(output), "n_records": n, "columns": info, "budget": args.budget,
         "epsilon_per_record": record_eps, "record_budget": budget_total,
         "composition": "sequential: eps per record = sum of the columns' eps",
         "values_per_s": total_values / total_time if total_time > 0 else math.inf,
         "perturb_seconds": total_time, "seed": args.seed,
     }
-    if args.summary:
-        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.summary).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if summary_path is not None:
+        write_text("--summary", summary_path, json.dumps(summary, indent=2))
     per_col = ", ".join("{}={:.4g}".format(c, info[c]["epsilon"]) for c in cols)
     print(f"perturbed {n:,} records x {len(cols)} column(s) with {args.mechanism}: eps per record "
-          f"{record_eps:.6g} ({per_col}); {summary['values_per_s']:,.0f} values/s -> {args.output}")
+          f"{record_eps:.6g} ({per_col}); {summary['values_per_s']:,.0f} values/s -> {output}")
     return 0
 
 
 # ============================================================================ estimate
-def _read_reports(path: str, schema: Schema, mechanism: str, cols_arg: str | None
+def _read_reports(path: Path, schema: Schema, mechanism: str, cols_arg: str | None
                   ) -> tuple[pd.DataFrame, list[str]]:
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    if cols_arg:
-        cols = [c.strip() for c in cols_arg.split(",") if c.strip()]
-    else:
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise UsageError(f"--input: {str(path)!r} is not a readable CSV: {e}") from None
+    cols = comma_list("--columns", cols_arg)
+    if cols is None:
         cols = [c[len("epsilon."):] for c in df.columns if c.startswith("epsilon.") and c != "epsilon.record"]
     for c in cols:
         if c not in schema:
-            raise UsageError(f"--columns: unknown column {c!r}; allowed: {', '.join(schema.names)}")
+            raise UsageError(f"--columns: unknown column {c!r} (schema {schema.name!r}); allowed: "
+                             f"{', '.join(schema.names)}")
         if f"epsilon.{c}" not in df.columns:
-            raise UsageError(f"{path}: column 'epsilon.{c}' missing: is this a 'stream-anon perturb' output for {c!r}?")
+            raise UsageError(f"--input: {str(path)!r} has no column 'epsilon.{c}': is it a 'stream-anon perturb' "
+                             f"output for {c!r}?")
         present = c in df.columns if mechanism != "rs-l" else f"{c}#1" in df.columns
         if not present:
-            raise UsageError(f"{path}: no reports for column {c!r} (mechanism {mechanism}); found {list(df.columns)}")
+            raise UsageError(f"--input: {str(path)!r} has no reports for column {c!r} (mechanism {mechanism}); "
+                             f"found {list(df.columns)}")
     if not cols:
-        raise UsageError(f"{path}: no perturbed columns found (expected 'epsilon.<column>' columns)")
+        raise UsageError(f"--input: {str(path)!r} has no perturbed columns (expected 'epsilon.<column>' columns)")
+    if len(df) == 0:
+        raise UsageError(f"--input: {str(path)!r} holds no reports (a header only)")
     return df, cols
 
 
-def _typed(series: pd.Series, attr: Attribute, as_float: bool = False) -> np.ndarray:
+def _bad_value(path: Path, column: str, series: pd.Series, bad: np.ndarray, allowed: str) -> UsageError:
+    i = int(np.flatnonzero(bad)[0])
+    return UsageError(f"--input: {str(path)!r} row {i + 1}, column {column!r}: {series.iloc[i]!r} is not a possible "
+                      f"report; expected {allowed}")
+
+
+def _reports(path: Path, column: str, series: pd.Series, attr: Attribute, mechanism: str) -> np.ndarray:
+    """The reports of one column, typed and checked against the public domain (a clear error otherwise)."""
+    if attr.kind is Kind.NUMERIC and mechanism == "blap":
+        num = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(num)
+        assert attr.lo is not None and attr.hi is not None
+        bad |= (num < attr.lo) | (num > attr.hi)
+        if bad.any():
+            raise _bad_value(path, column, series, bad, f"a number in [{attr.lo:g}, {attr.hi:g}] "
+                                                         f"(bounded Laplace reports stay in the public domain)")
+        return num
+    cats = categories_of(attr)
     if attr.kind is Kind.NUMERIC:
-        num = pd.to_numeric(series, errors="raise")
-        return num.to_numpy(dtype=float) if as_float else num.to_numpy(dtype=np.int64)
-    return series.to_numpy(dtype=object)
+        num = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+        ok = np.isfinite(num) & (num == np.round(num)) & (num >= cats[0]) & (num <= cats[-1])
+        if not ok.all():
+            raise _bad_value(path, column, series, ~ok, attr.describe_domain())
+        return num.astype(np.int64)
+    values = series.to_numpy(dtype=object)
+    ok = np.isin(values, np.asarray(cats, dtype=object))
+    if not ok.all():
+        raise _bad_value(path, column, series, ~ok, attr.describe_domain())
+    return values
+
+
+def _constant(path: Path, df: pd.DataFrame, column: str) -> float:
+    values = pd.to_numeric(df[column], errors="coerce").unique()
+    if len(values) != 1 or not np.isfinite(values[0]) or values[0] <= 0:
+        raise UsageError(f"--input: {str(path)!r} column {column!r} must hold one positive eps for all rows, got "
+                         f"{list(df[column].unique()[:5])}; estimate one release at a time")
+    return float(values[0])
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    schema = adult_schema()
-    df, cols = _read_reports(args.input, schema, args.mechanism, args.columns)
-    truth = read_adult(args.truth) if args.truth else None
+    schema = load_schema("--schema", args.schema)
+    path = input_file("--input", args.input)
+    truth_path = input_file("--truth", args.truth) if args.truth else None
+    output = output_file("--output", args.output, inputs=tuple(p for p in (path, truth_path) if p is not None))
+    df, cols = _read_reports(path, schema, args.mechanism, args.columns)
+    truth = (read_input("--truth", truth_path, schema, args.format, schema_given=args.schema is not None)
+             if truth_path is not None else None)
     if truth is not None and len(truth) != len(df):
-        raise UsageError(f"--truth has {len(truth)} records but {args.input} has {len(df)}")
+        raise UsageError(f"--truth: {str(truth_path)!r} has {len(truth)} records but --input {str(path)!r} has "
+                         f"{len(df)}")
     rng = secure_rng(0)  # estimators draw no randomness; the generator is only required by the constructors
-    result: dict[str, Any] = {"command": "estimate", "mechanism": args.mechanism, "input": str(args.input),
+    result: dict[str, Any] = {"command": "estimate", "mechanism": args.mechanism, "input": str(path),
                               "n_records": len(df), "columns": {}}
     for c in cols:
         attr = schema[c]
-        eps_values = pd.to_numeric(df[f"epsilon.{c}"]).unique()
-        if len(eps_values) != 1:
-            raise UsageError(f"{args.input}: column 'epsilon.{c}' is not constant ({eps_values[:5]}); "
-                             f"estimate one release at a time")
-        eps = float(eps_values[0])
+        eps = _constant(path, df, f"epsilon.{c}")
         stated: dict[str, Any] = {}
         if f"mechanism.{c}" in df.columns:
             descs = df[f"mechanism.{c}"].unique()
             if len(descs) != 1:
-                raise UsageError(f"{args.input}: column 'mechanism.{c}' is not constant; estimate one release at a time")
+                raise UsageError(f"--input: {str(path)!r} column 'mechanism.{c}' is not constant; estimate one release at a time")
             stated = parse_mechanism(str(descs[0]))
             family = {"bounded-laplace": "blap", "discretized-bounded-laplace": "blap"}.get(
                 stated["mechanism"], stated["mechanism"])
@@ -302,12 +376,13 @@ def run_estimate(args: argparse.Namespace) -> int:
             if not math.isclose(info["epsilon"], eps, rel_tol=1e-6):
                 raise UsageError(f"column {c!r}: the reports state eps={eps:.6g} but rs-l with gamma={g:.6g}, "
                                  f"l={n_reports}, variant={variant} has eps={info['epsilon']:.6g}: check --gamma/--variant")
-            reports = np.stack([_typed(df[f"{c}#{j + 1}"], attr) for j in range(n_reports)], axis=1)
+            reports = np.stack([_reports(path, f"{c}#{j + 1}", df[f"{c}#{j + 1}"], attr, "rs-l")
+                                for j in range(n_reports)], axis=1)
         else:
             gamma = (stated.get("gamma") or math.exp(eps)) if args.mechanism == "rs" else None
             mech, info = build_mechanism(args.mechanism, attr, epsilon=None if gamma else eps, gamma=gamma, l=1,
                                          variant="independent", rng=rng)
-            reports = _typed(df[c], attr, as_float=args.mechanism == "blap")
+            reports = _reports(path, c, df[c], attr, args.mechanism)
         entry: dict[str, Any] = {"parameters": info}
         if args.mechanism == "blap" and attr.kind is Kind.NUMERIC:
             mean, se = mech.estimate_mean(reports)
@@ -331,9 +406,8 @@ def run_estimate(args: argparse.Namespace) -> int:
             print(f"{c}: eps={info['epsilon']:.4g}, {msg}")
     result["epsilon_per_record"] = sequential_composition(
         [result["columns"][c]["parameters"]["epsilon"] for c in cols])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=2), encoding="utf-8")
-    print(f"estimated {len(cols)} column(s) from {len(df):,} records -> {args.output}")
+    write_text("--output", output, json.dumps(result, indent=2))
+    print(f"estimated {len(cols)} column(s) from {len(df):,} records -> {output}")
     return 0
 
 
@@ -358,16 +432,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _guarded(fn: Any) -> Any:
+def _guarded(prog: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Exit 3 on an exhausted privacy budget; exit 2 with one line for every operator mistake."""
     def run(args: argparse.Namespace) -> int:
         try:
             return int(fn(args))
         except BudgetExhaustedError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {e}", file=sys.stderr)
             return 3
-        except (UsageError, PrivacyParameterError, DatasetError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        except (UsageError, PrivacyParameterError, DatasetError) as e:
+            return fail(prog, e)
     return run
 
 
@@ -381,12 +455,18 @@ def _add_mechanism_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", choices=VARIANTS, default=None,
                    help="rs-l: independent draws (eps = l ln gamma; the default) or no-repeat (the paper's; shuffled "
                         "set); estimate: taken from the reports' 'mechanism.<column>' if not given")
-    p.add_argument("--columns", default=None, help="comma-separated columns (default: all categorical; blap: all)")
+    p.add_argument("--columns", default=None,
+                   help="comma-separated columns (default: every categorical non-identifier column; blap: every "
+                        "non-identifier column)")
+    p.add_argument("--schema", default=None, help="schema YAML/JSON of the data (default: the shipped ADULT schema)")
+    p.add_argument("--format", choices=["adult", "csv"], default=None,
+                   help="format of the data file (--input of perturb, --truth of estimate; default: detected)")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("perturb", help="locally randomize columns of ADULT (k-RR, substitution, bounded Laplace)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = one_line_errors(sub.add_parser(
+        "perturb", help="locally randomize columns of a CSV with a schema (default ADULT): k-RR, substitution, "
+                        "bounded Laplace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     _add_mechanism_args(p)
     p.add_argument("--epsilon", type=_positive_float, default=None,
                    help="eps per column (--budget per-attribute) or per record, split equally (--budget per-record); "
@@ -395,16 +475,19 @@ def register(sub: Any) -> None:
                    help="how --epsilon is read (default per-attribute: the record spends the sum)")
     p.add_argument("--record-budget", type=_positive_float, default=None,
                    help="refuse (exit 3) if a record's composed eps would exceed this")
-    p.add_argument("--input", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
+    p.add_argument("--input", default=None,
+                   help=f"input file: a CSV of --schema, or ADULT without --schema (default ${ADULT_ENV})")
     p.add_argument("--output", required=True, help="perturbed CSV")
     p.add_argument("--summary", default=None, help="summary JSON (eps per column and per record, values/s)")
     p.add_argument("--seed", type=int, default=None, help="seed (tests only; default OS entropy)")
-    p.set_defaults(func=_guarded(run_perturb))
+    p.set_defaults(func=_guarded("stream-anon perturb", run_perturb))
 
-    e = sub.add_parser("estimate", help="recover per-column distributions from a perturb output",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e = one_line_errors(sub.add_parser(
+        "estimate", help="recover per-column distributions from a perturb output",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     _add_mechanism_args(e)
     e.add_argument("--input", required=True, help="CSV written by 'stream-anon perturb'")
-    e.add_argument("--truth", default=None, help="the original ADULT file, to report the estimation error")
+    e.add_argument("--truth", default=None, help="the original file (of --schema, default ADULT), to report the "
+                                                 "estimation error")
     e.add_argument("--output", required=True, help="estimates JSON")
-    e.set_defaults(func=_guarded(run_estimate))
+    e.set_defaults(func=_guarded("stream-anon estimate", run_estimate))

@@ -3,6 +3,10 @@
 Records are plain dicts, JSON-ready: ``{"id": "adult-00000", "age": 39, "workclass": "State-gov", ...}``.
 Numeric fields are ints/floats, categorical fields strings; ADULT's missing marker ``?`` is kept as
 the category ``"?"``, a leaf of its own under an "Unknown" branch of the hierarchies.
+
+:func:`read_records` is what the offline tools read: either layout (detected), every row validated, and
+:func:`check_record_ids` refuses a record id that appears twice unless a person id says both rows are the
+same individual.
 """
 
 from __future__ import annotations
@@ -155,3 +159,86 @@ def read_csv_with_schema(path: str | os.PathLike[str], schema: Schema, *, id_pre
         except SchemaError as e:
             raise DatasetError(f"{path}: row {i + 1}: {e}") from e
     return df
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """``adult`` for the UCI layout (no header, 15 ", "-separated fields, a number first), else ``csv``."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    fields = [x.strip() for x in first.split(",")]
+    if len(fields) == len(ADULT_COLUMNS) and fields[0].isdigit():
+        return "adult"
+    return "csv"
+
+
+def read_records(path: str | os.PathLike[str], schema: Schema, fmt: str | None = None) -> tuple[pd.DataFrame, str]:
+    """The records of ``path`` in file (arrival) order, every row validated against ``schema``; and the format.
+
+    ``fmt``: ``adult`` (the UCI layout, any number of lines, ids ``adult-00000``... in the schema's record-id
+    column) or ``csv`` (a header naming the schema's columns, see :func:`read_csv_with_schema`); None detects
+    it (:func:`detect_format`).  Raises :class:`DatasetError` naming the line/row, the field, the allowed
+    domain and the value received, or when the file holds no record at all.
+    """
+    fmt = fmt or detect_format(path)
+    if fmt == "adult":
+        missing = [a.name for a in schema.attributes if a.name not in ADULT_COLUMNS]
+        if missing:
+            raise DatasetError(f"{path}: a file in the UCI ADULT layout has no column(s) {missing} required by "
+                               f"schema {schema.name!r}; give a CSV with a header")
+        df = read_adult(path, check_count=False)
+        rid = schema.record_id or "id"
+        if rid != "id":
+            df = df.rename(columns={"id": rid})
+        for i, rec in enumerate(iter_records(df)):
+            try:
+                schema.validate(rec, allow_extra=True)
+            except SchemaError as e:
+                raise DatasetError(f"{path}: line {i + 1}: {e}") from e
+    elif fmt == "csv":
+        df = read_csv_with_schema(path, schema)
+    else:
+        raise DatasetError(f"format: must be 'adult' or 'csv', got {fmt!r}")
+    if len(df) == 0:
+        raise DatasetError(f"{path}: no records (the file holds {'no data line' if fmt == 'adult' else 'a header only'})")
+    return df, fmt
+
+
+def check_record_ids(df: pd.DataFrame, schema: Schema, *, where: str = "input") -> None:
+    """Refuse a record id that appears in two rows, naming the rows (1-based data rows, header not counted).
+
+    With a person id in the schema, rows sharing a record id are accepted when they also share the person
+    id: they are records of one individual, and the engine counts distinct persons per class (CASTLE's
+    k_s-anonymity).  Rows sharing a record id with *different* person ids are refused.
+    """
+    rid = schema.record_id or "id"
+    if rid not in df.columns:
+        return
+    ids = df[rid].astype(str)
+    dup = ids.duplicated(keep=False).to_numpy()
+    if not dup.any():
+        return
+    pid = schema.person_id
+    rows = pd.Series(np.flatnonzero(dup) + 1, index=ids.index[dup])
+    groups = rows.groupby(ids[dup], sort=False)
+    problems: list[str] = []
+    for value, where_rows in groups:
+        numbers = [int(x) for x in where_rows]
+        shown = _and_list([str(n) for n in numbers[:5]]) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+        if pid is not None and pid in df.columns:
+            persons = df[pid].astype(str).iloc[[n - 1 for n in numbers]].unique()
+            if len(persons) == 1:
+                continue
+            problems.append(f"record id {value!r} appears in rows {shown} with different person ids "
+                            f"{[str(p) for p in persons[:5]]}")
+        else:
+            problems.append(f"record id {value!r} appears in rows {shown}")
+    if problems:
+        more = f" (and {len(problems) - 3} more duplicated ids)" if len(problems) > 3 else ""
+        hint = ("" if pid is not None else
+                "; each row must be a distinct record (a schema with a person_id counts records of one "
+                "individual once)")
+        raise DatasetError(f"{where}: duplicate record ids in column {rid!r}: {'; '.join(problems[:3])}{more}{hint}")
+
+
+def _and_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,25 +1,41 @@
 """Independent verification of a released (anonymized) table — it does not use the engine.
 
-A released table has one row per released record: ``record_id``, ``class_id``, the quasi-identifier
-columns as released strings (``"[30-39]"`` intervals, hierarchy node labels) and the sensitive column.
+A released table has one row per released record: the ``class_id`` column, the quasi-identifier columns
+as released strings (``"[30-39]"`` intervals, hierarchy node labels) and the sensitive column(s).  Two
+layouts (docs/offline-tools.md):
+
+* *public* (``anonymize --output``'s default): ``class_id`` is an opaque random id; there is no record id,
+  the rows of a class and the classes are in random order;
+* *with ids* (``anonymize --keep-ids``): ``record_id`` first (and the person id column when the schema has
+  one), the engine's class ids, release order.
+
+The verifier never guesses which column is what: :func:`resolve_roles` takes the roles from the caller
+(``--qi``/``--sensitive``), from the release's *meta file* ``<release>.meta.json`` that ``anonymize``
+writes beside it (:func:`write_release_meta`), or from a schema, and refuses (:class:`RolesError`) when a
+column has no role or a named column is missing.
+
 Checks, all vectorized (pandas groupby):
 
-1. no ``record_id`` appears twice in the file;
+1. with record ids: no ``record_id`` appears twice (with a person id: not twice for different persons);
 2. every class has at least ``k`` distinct individuals: distinct values of ``person_id`` when that column
-   is given (CASTLE's k_s-anonymity counts persons, not tuples), else distinct record ids;
+   is given (CASTLE's k_s-anonymity counts persons, not tuples), else distinct record ids, else rows;
 3. every row of a class carries identical QI strings (the class *is* the equivalence class);
 4. with ``l``: every class holds at least ``l`` distinct sensitive values (``>= l``; a port's off-by-one
    asked for ``l + 1``);
 5. with ``schema``: every QI string parses (interval ``[lo-hi]`` inside the public domain, or a label of
-   the attribute's hierarchy); with ``original`` as well: every released record exists in the original
-   data and each generalized value covers the original value (interval contains it; node covers the leaf).
+   the attribute's hierarchy); with ``original`` as well (needs record ids): every released record exists
+   in the original data and each generalized value covers the original value (interval contains it; node
+   covers the leaf).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,8 +43,13 @@ import pandas as pd
 from stream_anon.core.intervals import parse_interval
 from stream_anon.core.schema import Attribute, Kind, Schema
 
-__all__ = ["VerificationReport", "verify_release_frame", "verify_release_file", "infer_columns"]
+__all__ = ["VerificationReport", "ReleaseRoles", "RolesError", "verify_release_frame", "verify_release_file",
+           "read_release", "resolve_roles", "meta_path", "read_release_meta", "write_release_meta",
+           "RELEASE_META_FORMAT", "RELEASE_META_SUFFIX"]
 
+RELEASE_META_SUFFIX = ".meta.json"
+RELEASE_META_FORMAT = "stream-anon release"
+RELEASE_META_VERSION = 1
 MAX_MESSAGES_PER_CHECK = 20
 
 
@@ -42,10 +63,12 @@ class VerificationReport:
     min_class_size: int
     records: int
     violation_counts: dict[str, int] = field(default_factory=dict)
+    size_unit: str = "distinct records"  # what a class size counts
+    roles: ReleaseRoles | None = None  # the column roles checked (set by verify_release_file)
 
     def __str__(self) -> str:
         head = (f"{'OK' if self.ok else 'VIOLATIONS'}: {self.records} records, {self.classes} classes, "
-                f"min class size {self.min_class_size}")
+                f"min class size {self.min_class_size} ({self.size_unit})")
         return "\n".join([head, *("  - " + v for v in self.violations)])
 
 
@@ -64,31 +87,224 @@ class _Collector:
             self.messages.append(f"{check}: ... and {total - MAX_MESSAGES_PER_CHECK} more")
 
 
-def infer_columns(columns: Sequence[str], *, record_id: str = "record_id", class_id: str = "class_id",
-                  sensitive: str | None = None, person_id: str | None = None) -> tuple[list[str], str | None]:
-    """(QI columns, sensitive column) of a released CSV whose QIs were not named.
+class RolesError(ValueError):
+    """The roles of a release's columns are unknown, contradictory or name a missing column.
 
-    The sensitive column is ``sensitive`` if given, else the last column (the ``anonymize`` output order:
-    record_id, class_id, QIs..., sensitive); the QIs are all remaining columns except record_id, class_id and
-    ``person_id``.  A table without a sensitive column must name its QIs explicitly.
+    The message says what the verifier needs (an option, a schema, the meta file).
+    """
+
+
+@dataclass(frozen=True)
+class ReleaseRoles:
+    """Which column of a released table is what; ``source`` says where the roles came from (for messages)."""
+
+    class_id: str
+    quasi_identifiers: tuple[str, ...]
+    sensitive: tuple[str, ...] = ()
+    record_id: str | None = None
+    person_id: str | None = None
+    source: str = "arguments"
+    withheld_person_id: str | None = None  # the schema's person id, not released (class sizes count records)
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column with a role, in the release's column order."""
+        ids = [c for c in (self.record_id, self.person_id) if c]
+        return [*ids, self.class_id, *self.quasi_identifiers, *self.sensitive]
+
+    @property
+    def layout(self) -> str:
+        return "public" if self.record_id is None and self.person_id is None else "with-ids"
+
+    def describe(self) -> str:
+        ids = "".join(f", {name} {col!r}" for name, col in (("record id", self.record_id),
+                                                             ("person id", self.person_id)) if col)
+        sens = ", ".join(repr(c) for c in self.sensitive) or "none"
+        return (f"roles from {self.source}: quasi-identifiers {list(self.quasi_identifiers)}, sensitive {sens}, "
+                f"class id {self.class_id!r}{ids}")
+
+
+def meta_path(release: str | os.PathLike[str]) -> Path:
+    """Where the meta file of ``release`` lives: ``<release>.meta.json`` (``out.csv`` -> ``out.csv.meta.json``)."""
+    p = Path(release)
+    return p.with_name(p.name + RELEASE_META_SUFFIX)
+
+
+def write_release_meta(release: str | os.PathLike[str], roles: ReleaseRoles, **info: Any) -> Path:
+    """Write ``<release>.meta.json``: the release's column roles (and ``info``, e.g. k, l, counts); returns its path.
+
+    The meta file is what lets ``verify`` check a release without guessing; a plain CSV reader ignores it.
+    It holds no record id, offset or timing.
+    """
+    doc: dict[str, Any] = {
+        "format": RELEASE_META_FORMAT, "version": RELEASE_META_VERSION, "layout": roles.layout,
+        "columns": {"class_id": roles.class_id, "quasi_identifiers": list(roles.quasi_identifiers),
+                    "sensitive": list(roles.sensitive), "record_id": roles.record_id, "person_id": roles.person_id},
+        "withheld_person_id": roles.withheld_person_id,
+        **info,
+    }
+    path = meta_path(release)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_release_meta(path: str | os.PathLike[str]) -> ReleaseRoles:
+    """The roles stated by a meta file (see :func:`write_release_meta`); :class:`RolesError` if it is not one."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RolesError(f"meta file {str(p)!r} cannot be read as JSON: {e}") from None
+    if not isinstance(doc, Mapping) or doc.get("format") != RELEASE_META_FORMAT:
+        raise RolesError(f"meta file {str(p)!r} is not a stream-anon release description "
+                         f"(expected \"format\": \"{RELEASE_META_FORMAT}\")")
+    if doc.get("version") != RELEASE_META_VERSION:
+        raise RolesError(f"meta file {str(p)!r}: version {doc.get('version')!r} not supported "
+                         f"(expected {RELEASE_META_VERSION})")
+    cols = doc.get("columns")
+
+    def names(key: str) -> tuple[str, ...]:
+        v = cols.get(key) if isinstance(cols, Mapping) else None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise RolesError(f"meta file {str(p)!r}: columns.{key} must be a list of column names, got {v!r}")
+        return tuple(v)
+
+    def name(key: str, required: bool) -> str | None:
+        v = cols.get(key) if isinstance(cols, Mapping) else None
+        if v is None and not required:
+            return None
+        if not isinstance(v, str) or not v:
+            raise RolesError(f"meta file {str(p)!r}: columns.{key} must be a column name, got {v!r}")
+        return v
+
+    class_id = name("class_id", True)
+    assert class_id is not None
+    withheld = doc.get("withheld_person_id")
+    return ReleaseRoles(class_id=class_id, quasi_identifiers=names("quasi_identifiers"),
+                        sensitive=names("sensitive"), record_id=name("record_id", False),
+                        person_id=name("person_id", False), source=f"meta file {str(p)!r}",
+                        withheld_person_id=withheld if isinstance(withheld, str) else None)
+
+
+def resolve_roles(columns: Sequence[str], *, qis: Sequence[str] | None = None, sensitive: str | None = None,
+                  person_id: str | None = None, meta: ReleaseRoles | None = None, schema: Schema | None = None,
+                  where: str = "the release") -> ReleaseRoles:
+    """The role of every column of a release whose header is ``columns``, without guessing.
+
+    Sources, strongest first: the arguments (``qis``, ``sensitive``, ``person_id``), the release's ``meta``
+    file, the ``schema`` (its QIs and sensitive attributes among ``columns``).  ``class_id`` and
+    ``record_id`` are the layouts' fixed names unless the meta file says otherwise.  Raises
+    :class:`RolesError` saying what is needed when there is no source for the QIs, when a named column is
+    missing, when a column has two roles, or when a column has none (a column nobody described could be
+    a quasi-identifier that nobody checks).
     """
     cols = list(columns)
-    if sensitive is None:
-        rest = [c for c in cols if c not in (record_id, class_id, person_id)]
-        sensitive = rest[-1] if rest else None
-    qis = [c for c in cols if c not in (record_id, class_id, person_id, sensitive)]
-    return qis, sensitive
+    present = set(cols)
+    repeated = sorted({c for c in cols if cols.count(c) > 1})
+    if repeated:
+        raise RolesError(f"{where}: column name(s) {repeated} appear more than once in the header")
+    used: dict[str, None] = {}  # the sources actually used, in order (for messages)
+
+    def need(col: str, what: str, origin: str) -> str:
+        if col not in present:
+            raise RolesError(f"{where}: {origin} names {col!r} as the {what} column, but the file has no such "
+                             f"column; its columns are {cols}")
+        return col
+
+    if meta is not None:
+        unknown = [c for c in meta.columns if c not in present]
+        if unknown:
+            raise RolesError(f"{where}: the {meta.source} names column(s) {unknown} that the file does not have "
+                             f"(its columns are {cols}): the meta file does not describe this file; fix or remove "
+                             f"it, or pass --meta with the right one")
+        used[meta.source] = None
+    class_id = meta.class_id if meta is not None else "class_id"
+    need(class_id, "class id", meta.source if meta is not None else "the release layout")
+    record_id = meta.record_id if meta is not None else ("record_id" if "record_id" in present else None)
+    schema_src = f"schema {schema.name!r}" if schema is not None else ""
+
+    # person id: argument > meta > the schema's (when the file carries it)
+    withheld: str | None = None
+    pid: str | None = None
+    if person_id is not None:
+        pid = need(person_id, "person id", "--person-id")
+        used["--person-id"] = None
+    elif meta is not None:
+        pid, withheld = meta.person_id, meta.withheld_person_id
+    elif schema is not None and schema.person_id is not None:
+        if schema.person_id in present:
+            pid = schema.person_id
+            used[schema_src] = None
+        else:
+            withheld = schema.person_id
+
+    # quasi-identifiers: argument > meta > schema
+    if qis is not None:
+        q = tuple(need(c, "quasi-identifier", "--qi") for c in qis)
+        used["--qi"] = None
+    elif meta is not None:
+        q = meta.quasi_identifiers
+    elif schema is not None:
+        q = tuple(a.name for a in schema.attributes if a.is_qi and a.name in present)
+        used[schema_src] = None
+        if not q:
+            raise RolesError(f"{where}: none of the quasi-identifiers of {schema_src} ({[a.name for a in schema.qis]}) "
+                             f"is a column of the file (columns {cols}); name them with --qi")
+    else:
+        raise RolesError(f"{where}: cannot tell which columns are quasi-identifiers and which is sensitive: "
+                         f"give --qi (and --sensitive), --schema, or keep the meta file written by anonymize "
+                         f"beside the release (<release>{RELEASE_META_SUFFIX}, or --meta PATH)")
+    if not q:
+        raise RolesError(f"{where}: no quasi-identifier column: a release without one cannot be checked")
+
+    # sensitive: argument > meta > schema (those the file carries) > none
+    if sensitive is not None:
+        sens: tuple[str, ...] = (need(sensitive, "sensitive", "--sensitive"),)
+        used["--sensitive"] = None
+    elif meta is not None:
+        sens = meta.sensitive
+    elif schema is not None:
+        sens = tuple(a.name for a in schema.sensitive if a.name in present)
+        used[schema_src] = None
+    else:
+        sens = ()
+
+    roles_of: dict[str, list[str]] = {}
+    for role, names in (("the class id", [class_id]), ("an id", [c for c in (record_id, pid) if c]),
+                        ("a quasi-identifier", list(q)), ("sensitive", list(sens))):
+        for c in names:
+            roles_of.setdefault(c, []).append(role)
+    for c, r in roles_of.items():
+        if len(r) > 1:
+            raise RolesError(f"{where}: column {c!r} cannot be both {r[0]} and {r[1]}")
+    unassigned = [c for c in cols if c not in roles_of]
+    if unassigned:
+        raise RolesError(f"{where}: column(s) {unassigned} have no role (roles from {' and '.join(used)}): every "
+                         f"column must be a quasi-identifier (--qi), a sensitive column (--sensitive), or be "
+                         f"described by --schema or the release's meta file")
+    return ReleaseRoles(class_id=class_id, quasi_identifiers=q, sensitive=sens, record_id=record_id, person_id=pid,
+                        source=" and ".join(used), withheld_person_id=None if pid else withheld)
+
+
+def read_release(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A released CSV, every column as strings; :class:`ValueError` if it is not a readable CSV."""
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"release file {str(path)!r} is not a readable CSV: {' '.join(str(e).split())}") from None
 
 
 def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l: int | None = None,  # noqa: E741
-                         sensitive: str | None = None, *, record_id: str = "record_id",
+                         sensitive: str | None = None, *, record_id: str | None = "record_id",
                          class_id: str = "class_id", person_id: str | None = None, schema: Schema | None = None,
                          original: pd.DataFrame | None = None, original_id: str | None = None) -> VerificationReport:
     """Check a released table (see the module docstring); returns a :class:`VerificationReport`.
 
-    ``k`` >= 1; ``l`` (optional) >= 1 needs ``sensitive``.  ``schema`` enables parsing/domain checks of the QI
-    strings; ``original`` (the input records, id column ``original_id``, default ``schema.record_id`` or
-    ``"id"``) enables the coverage check and needs ``schema``.
+    ``qi_columns`` must not be empty.  ``k`` >= 1; ``l`` (optional) >= 1 needs ``sensitive``.
+    ``record_id=None``: the public layout, without record ids (a class's size is then its number of rows,
+    or of distinct ``person_id`` values).  ``schema`` enables parsing/domain checks of the QI strings;
+    ``original`` (the input records, id column ``original_id``, default ``schema.record_id`` or ``"id"``)
+    enables the coverage check and needs ``schema`` and record ids.
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"verify: k must be an integer >= 1, got {k!r}")
@@ -98,30 +314,41 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
         raise ValueError("verify: l-diversity needs the sensitive column (sensitive=None given)")
     if original is not None and schema is None:
         raise ValueError("verify: checking coverage of the original data needs the schema")
+    if original is not None and record_id is None:
+        raise ValueError("verify: checking coverage of the original data needs the record ids (a release with ids)")
     qis = list(qi_columns)
-    needed = [record_id, class_id, *qis] + ([sensitive] if l is not None and sensitive else []) + (
+    if not qis:
+        raise ValueError("verify: no quasi-identifier column given: a class's QIs could not be checked")
+    needed = [c for c in (record_id, class_id) if c] + qis + ([sensitive] if l is not None and sensitive else []) + (
         [person_id] if person_id else [])
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise ValueError(f"verify: column(s) {missing} missing from the released table; found {list(df.columns)}")
     out = _Collector()
     n = len(df)
+    unit = f"distinct {person_id!r} values" if person_id else "distinct records" if record_id else "records"
     if n == 0:
-        return VerificationReport(ok=True, violations=[], classes=0, min_class_size=0, records=0)
+        return VerificationReport(ok=True, violations=[], classes=0, min_class_size=0, records=0, size_unit=unit)
     cids = df[class_id].astype(str)
-    rids = df[record_id].astype(str)
+    rids = df[record_id].astype(str) if record_id else pd.Series(np.arange(n).astype(str), index=df.index)
 
-    # 1. duplicate record ids
-    dup = rids[rids.duplicated(keep=False)]
-    if len(dup):
-        counts = dup.value_counts()
-        out.add("duplicate record_id", [f"record_id {r!r} appears {c} times" for r, c in counts.items()], len(counts))
+    # 1. duplicate record ids (with a person id: the same record id for two different persons)
+    if record_id:
+        dup_mask = rids.duplicated(keep=False)
+        if person_id and dup_mask.any():
+            persons = df.loc[dup_mask, person_id].astype(str).groupby(rids[dup_mask]).nunique()
+            bad_ids = persons[persons > 1]
+            out.add("duplicate record_id", [f"record_id {r!r} appears for {int(c)} different {person_id!r} values"
+                                            for r, c in bad_ids.items()], len(bad_ids))
+        elif dup_mask.any():
+            counts = rids[dup_mask].value_counts()
+            out.add("duplicate record_id", [f"record_id {r!r} appears {c} times" for r, c in counts.items()],
+                    len(counts))
 
     grouped = df.groupby(cids, sort=False)
     # 2. class size in distinct individuals
     who = df[person_id].astype(str) if person_id else rids
     sizes = who.groupby(cids, sort=False).nunique()
-    unit = f"distinct {person_id!r} values" if person_id else "distinct records"
     small = sizes[sizes < k]
     out.add("class below k", [f"class {c!r}: {int(s)} {unit} < k={k}" for c, s in small.items()], len(small))
 
@@ -149,7 +376,8 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
                               original_id or schema.record_id or "id")
 
     return VerificationReport(ok=not out.messages, violations=out.messages, classes=int(len(sizes)),
-                              min_class_size=int(sizes.min()), records=n, violation_counts=dict(out.counts))
+                              min_class_size=int(sizes.min()), records=n, violation_counts=dict(out.counts),
+                              size_unit=unit)
 
 
 def _parse_column(a: Attribute, values: pd.Series) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
@@ -228,21 +456,31 @@ def _native(v: object) -> object:
 
 def verify_release_file(path: str | os.PathLike[str], k: int, l: int | None = None,  # noqa: E741
                         qi_columns: Sequence[str] | None = None, sensitive: str | None = None, *,
-                        record_id: str = "record_id", class_id: str = "class_id", person_id: str | None = None,
-                        schema: Schema | None = None, original: pd.DataFrame | None = None,
+                        person_id: str | None = None, schema: Schema | None = None,
+                        meta: str | os.PathLike[str] | bool = True, original: pd.DataFrame | None = None,
                         original_id: str | None = None) -> VerificationReport:
-    """Read a released CSV (all columns as strings) and :func:`verify_release_frame` it.
+    """Read a released CSV (all columns as strings), resolve its roles and :func:`verify_release_frame` it.
 
-    Without ``qi_columns`` they are inferred by :func:`infer_columns` (all columns except record_id, class_id,
-    person_id and the sensitive column, which defaults to the last column).
+    ``meta``: True reads ``<path>.meta.json`` when it exists, a path reads that meta file (which must
+    exist), False ignores meta files.  Roles: :func:`resolve_roles` (raises :class:`RolesError` when it
+    cannot tell).  With ``l``, the l-diversity column is ``sensitive`` or the first sensitive column.
+    The report's ``roles`` says which columns were checked as what.
     """
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ValueError(f"verify: {path} is not a readable CSV: {str(e).strip()}") from None
-    if qi_columns is None:
-        qi_columns, inferred = infer_columns(df.columns, record_id=record_id, class_id=class_id, sensitive=sensitive,
-                                             person_id=person_id)
-        sensitive = sensitive or inferred
-    return verify_release_frame(df, qi_columns, k, l, sensitive, record_id=record_id, class_id=class_id,
-                                person_id=person_id, schema=schema, original=original, original_id=original_id)
+    df = read_release(path)
+    roles_meta: ReleaseRoles | None = None
+    if meta is True:
+        if meta_path(path).is_file():
+            roles_meta = read_release_meta(meta_path(path))
+    elif meta is not False:
+        roles_meta = read_release_meta(meta)
+    roles = resolve_roles(list(df.columns), qis=qi_columns, sensitive=sensitive, person_id=person_id,
+                          meta=roles_meta, schema=schema, where=str(path))
+    l_column = roles.sensitive[0] if roles.sensitive else None
+    if l is not None and l_column is None:
+        raise RolesError(f"{path}: l-diversity needs a sensitive column and the release has none "
+                         f"({roles.describe()}); name it with --sensitive")
+    report = verify_release_frame(df, roles.quasi_identifiers, k, l, l_column, record_id=roles.record_id,
+                                  class_id=roles.class_id, person_id=roles.person_id, schema=schema,
+                                  original=original, original_id=original_id)
+    report.roles = roles
+    return report
