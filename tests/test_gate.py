@@ -52,6 +52,15 @@ def test_every_engine_class_on_all_of_adult_passes(adult_rows: list[dict[str, An
     assert all(v.individuals == len(r.records) for v, (r, _) in zip(verdicts, classes, strict=True))
 
 
+def test_reuse_releases_are_refused(adult_rows: list[dict[str, Any]]) -> None:
+    """CASTLE's reuse of Omega publishes one record under an earlier class's generalization: below k."""
+    reused = [(r, ids) for r, ids in engine_classes(adult_rows, 8000, zeta=1000) if r.reused]
+    gate = PrePublishGate(adult_schema(), k=10)
+    assert reused and all(r.size >= 10 for r, _ in reused)  # the engine reports the reused class's size
+    verdicts = [gate.check(r.generalized, r.records, ids) for r, ids in reused]
+    assert all(not v.ok and v.failures == ("k",) and v.individuals == 1 for v in verdicts)
+
+
 def test_l_diverse_engine_classes_pass_with_l(adult_rows: list[dict[str, Any]]) -> None:
     classes = engine_classes(adult_rows, 6000, l=2)
     gate = PrePublishGate(adult_schema(), k=10, l=2)

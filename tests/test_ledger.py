@@ -662,6 +662,7 @@ def test_the_recovery_scan_reads_a_bounded_tail(stream: list[bytes]) -> None:
     plan = scan.finish()
     # the last checkpoint (horizon < committed) stops the scan; only the tombstones written after it precede it
     assert scan.done and plan.records_read - plan.tombstones == 1 and plan.records_read < len(ledger) / 10
+    assert len(ledger) > 300
     assert plan.start_offset == len(longer) and not plan.pending
 
 

@@ -226,10 +226,12 @@ def test_pseudonyms_do_not_collide_on_adult_sized_id_sets() -> None:
 def test_secret_resolution_and_validation_never_print_the_secret() -> None:
     s = resolve_secret("correct horse battery staple")
     assert s.value == b"correct horse battery staple" and not s.generated
-    assert "horse" not in repr(s)
-    g = resolve_secret(None, token_bytes=lambda n: bytes(range(n)))
-    assert g.generated and g.value == bytes(range(32))
-    assert len(resolve_secret(None).value) == 32 and resolve_secret(None).value != resolve_secret(None).value
+    assert "horse" not in repr(s) and "horse" not in str(s) and "horse" not in f"{s}"
+    g = resolve_secret(None, token_hex=lambda n: "ab" * n)
+    assert g.generated and g.text == "ab" * 32 and g.value == b"ab" * 32
+    r1, r2 = resolve_secret(None), resolve_secret(None)
+    assert re.fullmatch(r"[0-9a-f]{64}", r1.text) and r1.text != r2.text
+    assert resolve_secret(r1.text).value == r1.value  # the generated text, passed on as configuration
     with pytest.raises(ReleaseConfigError) as e:
         resolve_secret("hunter2")
     assert "release.secret" in str(e.value) and "7 bytes" in str(e.value) and "hunter2" not in str(e.value)

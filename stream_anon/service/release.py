@@ -157,26 +157,34 @@ class ReleaseOptions:
 
 @dataclass(frozen=True)
 class ReleaseSecret:
-    """The key of pseudonyms and dead-letter hashes; ``generated``: made at start (not configured)."""
+    """The key of pseudonyms and dead-letter hashes: ``text`` (what ``release.secret`` holds) and ``value`` (its
+    UTF-8 bytes, the HMAC key); ``generated``: made at start, not configured.  ``repr`` never shows it."""
 
-    value: bytes
+    text: str
     generated: bool
 
-    def __repr__(self) -> str:  # never print the key
+    @property
+    def value(self) -> bytes:
+        return self.text.encode("utf-8", "surrogatepass")
+
+    def __repr__(self) -> str:
         return f"ReleaseSecret(<{len(self.value)} bytes>, generated={self.generated})"
 
+    __str__ = __repr__
 
-def resolve_secret(configured: str | None, *, token_bytes: Callable[[int], bytes] = secrets.token_bytes
-                   ) -> ReleaseSecret:
-    """The configured ``release.secret`` (its UTF-8 bytes), or 32 fresh CSPRNG bytes when none is configured.
 
-    Resolve it ONCE in the parent process and hand the same bytes to workers and side paths (a per-process
-    secret would give one record different pseudonyms in different processes).
+def resolve_secret(configured: str | None, *, token_hex: Callable[[int], str] = secrets.token_hex) -> ReleaseSecret:
+    """The configured ``release.secret``, or 64 hex characters (32 bytes) from the OS CSPRNG when none is
+    configured.
+
+    Resolve it ONCE in the parent process and put the text into the configuration the workers and the side-path
+    process receive (a per-process secret would give one record different pseudonyms in different processes);
+    redact ``release.secret`` wherever the configuration is printed.
     """
     if configured is not None:
         ReleaseOptions(secret=configured)  # validates the length (error names the option, not the value)
-        return ReleaseSecret(configured.encode("utf-8", "surrogatepass"), generated=False)
-    return ReleaseSecret(token_bytes(GENERATED_SECRET_BYTES), generated=True)
+        return ReleaseSecret(configured, generated=False)
+    return ReleaseSecret(token_hex(GENERATED_SECRET_BYTES), generated=True)
 
 
 # ---------------------------------------------------------------------------------------------- encoding helpers
