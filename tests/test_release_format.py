@@ -31,6 +31,7 @@ from stream_anon.service.release import (
     ReleaseConfigError,
     ReleaseFormatError,
     ReleaseOptions,
+    canonical_id_bytes,
     canonical_json,
     dead_letter_message,
     decode_class_message,
@@ -212,6 +213,8 @@ def test_pseudonym_is_hmac_sha256_of_the_canonical_id() -> None:
     assert [ps(i) for i in ids] == [record_pseudonym(SECRET, i) for i in ids]
     assert "secret" not in repr(ps).lower() or SECRET.decode() not in repr(ps)
     assert len(Pseudonymizer(SECRET, 64)("a")) == 64
+    for rid in ["plain", 'q"uote\\', "\ud800", "é", 0, -7, 10**20, True, None, 1.5, ["a"]]:
+        assert canonical_id_bytes(rid) == json.dumps(rid, ensure_ascii=True, separators=(",", ":")).encode()
     with pytest.raises(ValueError):
         Pseudonymizer(SECRET, 8)
 

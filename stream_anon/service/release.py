@@ -60,6 +60,7 @@ import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _encode_basestring_ascii
 from typing import Any
 
 FORMAT_VERSION = 1
@@ -479,6 +480,11 @@ def decode_suppressed(value: bytes | None) -> dict[str, Any]:
 def canonical_id_bytes(record_id: Any) -> bytes:
     """The bytes a record id is hashed as: its canonical JSON (``"abc"`` and ``12`` differ from ``"12"``);
     lone surrogates are escaped, so every id a JSON decoder can produce is accepted."""
+    t = type(record_id)
+    if t is str:
+        return _encode_basestring_ascii(record_id).encode("ascii")  # what json.dumps(ensure_ascii=True) writes
+    if t is int:
+        return str(record_id).encode("ascii")
     return json.dumps(record_id, ensure_ascii=True, separators=(",", ":"), sort_keys=True).encode("ascii")
 
 
