@@ -1,0 +1,803 @@
+"""The internal ledger of the main path and its recovery protocol, pure (no Kafka, no Prometheus).
+
+The ledger is the internal topic ``<input>.ledger`` (:func:`ledger_topic`), ledger partition = input
+partition.  It is the source of truth for recovery and accounting: every input offset appears in exactly one
+*entry* (``class`` = released, ``suppressed``, ``dlq`` = dead-lettered, ``control`` = an end-of-stream marker),
+and each entry carries the exact bytes of the output message it promises (:class:`LedgerEntry`).  Public
+topics are never read back.
+
+Outbox protocol (Kafka transactions are not used: on Tansu aborted records stay visible)::
+
+    per batch of pipeline results (one partition or several):
+      1. send the batch's ledger entries to <input>.ledger (partition p); WAIT until all are acknowledged
+      2. send each entry's output message(s) (anon / suppressed / dlq, partition p), byte for byte as stored;
+         each acknowledgement reports its output offset: PartitionOutbox.acked(role, offset)
+    every commit (service.commit_interval_ms), per partition whose watermark or horizon moved:
+      3. flush: WAIT until every output sent so far is acknowledged
+      4. send Checkpoint(watermark, horizon, ends = output end offsets as acknowledged); WAIT for it
+      5. commit the consumer offset = that watermark
+      6. once the commit is confirmed: send the tombstones PartitionOutbox.tombstones(committed) (compaction)
+    recovery of partition p (LedgerScan, then outputs_to_resend):
+      a. committed = the group's committed offset of p (None if the group has none)
+      b. read <input>.ledger partition p backwards in chunks into LedgerScan until add_chunk returns True
+         (a checkpoint whose horizon is below the threshold) or the beginning is reached
+      c. plan = scan.finish(): start_offset, accounted offsets (skip them), horizon, pending entries (after the
+         last checkpoint, not wholly below the committed offset) and scan_from (the checkpoint's output ends)
+      d. read each output partition p forward from plan.scan_from[role] to its end, put (role, key, value) of
+         every message into OutputPresence; re-send outputs_to_resend(plan.pending, presence) in that order,
+         byte-identical; WAIT for their acknowledgements
+      e. start the new incarnation: PartitionOutbox.from_recovery(...), write its initial checkpoint
+         (watermark = plan.start_offset, ends = max(scan ends, re-sends acknowledged)); WAIT; then consume
+         from plan.start_offset, skipping plan.accounted
+
+Invariants the steps keep (proofs in docs/threat-model.md, "Ledger"):
+
+* I1 an output message is sent only after its ledger entry is acknowledged, so every published message has
+  an entry; a record without an entry was never published and is processed again from scratch;
+* I2 a checkpoint is written only when every entry before it has its outputs acknowledged, and it records
+  output end offsets at least as large as theirs, so only entries after the last checkpoint can miss an
+  output, and those outputs lie at or after the checkpoint's ends;
+* I3 every entry before a checkpoint C has all offsets <= C.horizon (horizons only grow, across
+  incarnations too), so a backward scan that meets a checkpoint with horizon < threshold has seen every
+  entry holding an offset >= threshold;
+* I4 the consumer offset W is committed only after every output of records < W is acknowledged, so an
+  entry wholly below W never needs a re-send, and starting at max(W, last checkpoint's watermark) loses nothing.
+
+Hence: nothing lost (every offset >= start is either accounted in the ledger, with its output present or
+re-sent, or processed again), no record in two classes (an accounted offset is never processed again; an
+unaccounted one was never published), a class published whole and once (one message per class, re-sent only
+when absent from the output partition, with the stored bytes).  Residual risks: a *zombie* (an evicted member
+still producing after the new owner scanned) and a produce request still queued in the broker while the new
+owner scans; both are bounded by the group's session timeout and documented.
+
+Bounded growth: keys make the ledger compactable (``cleanup.policy=compact``): an entry's key is its release
+id, a checkpoint's key is unique per checkpoint, and :meth:`PartitionOutbox.tombstones` names the entries
+wholly below the committed offset and the checkpoints older than the newest one that can still stop a scan.
+Tansu does not compact (as far as we know): there the ledger grows like every other topic, while the backward
+scan keeps recovery bounded.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_anon.service.gate import GateResult, PrePublishGate
+from stream_anon.service.release import (
+    DLQ_PAYLOAD_MODES,
+    ROLE_ANON,
+    ROLE_DLQ,
+    ROLE_SUPPRESSED,
+    ROLES,
+    SUPPRESSION_REASONS,
+    ClassEncoder,
+    EncodedMessage,
+    canonical_json,
+    dead_letter_message,
+    message_digest,
+    release_id,
+    suppressed_message,
+)
+
+LEDGER_VERSION = 1
+LEDGER_SUFFIX = ".ledger"
+
+KIND_CLASS = "class"
+KIND_SUPPRESSED = "suppressed"
+KIND_DLQ = "dlq"
+KIND_CONTROL = "control"
+ENTRY_KINDS = (KIND_CLASS, KIND_SUPPRESSED, KIND_DLQ, KIND_CONTROL)
+OUTCOME_OF_KIND = {KIND_CLASS: "released", KIND_SUPPRESSED: "suppressed", KIND_DLQ: "dead_lettered",
+                   KIND_CONTROL: "control"}
+"""Accounting outcome of every input offset, by the kind of the entry that holds it."""
+_ROLE_OF_KIND = {KIND_CLASS: ROLE_ANON, KIND_SUPPRESSED: ROLE_SUPPRESSED, KIND_DLQ: ROLE_DLQ}
+
+
+def ledger_topic(input_topic: str) -> str:
+    """The ledger topic of an input topic: ``<input>.ledger`` (as many partitions as the input)."""
+    return input_topic + LEDGER_SUFFIX
+
+
+class LedgerFormatError(ValueError):
+    """A ledger message is foreign or corrupt (the message says what is wrong)."""
+
+
+# ---------------------------------------------------------------------------------------------- entries
+def _bytes_out(name: str, b: bytes | None, out: dict[str, Any]) -> None:
+    if b is None:
+        out[name] = None
+        return
+    try:
+        out[name] = b.decode("ascii")
+    except UnicodeDecodeError:
+        out[name + "_b64"] = base64.b64encode(b).decode("ascii")
+
+
+def _bytes_in(name: str, d: Mapping[str, Any]) -> bytes | None:
+    if name + "_b64" in d:
+        v = d[name + "_b64"]
+        if not isinstance(v, str):
+            raise LedgerFormatError(f"output {name}_b64: expected base64 text")
+        try:
+            return base64.b64decode(v, validate=True)
+        except ValueError as e:
+            raise LedgerFormatError(f"output {name}_b64: {e}") from None
+    if name not in d:
+        raise LedgerFormatError(f"output: {name!r} missing")
+    v = d[name]
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise LedgerFormatError(f"output {name}: expected text")
+    try:
+        return v.encode("ascii")
+    except UnicodeEncodeError:
+        raise LedgerFormatError(f"output {name}: not ASCII") from None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What happened to a set of input offsets, and the output message it promises.
+
+    Attributes:
+        kind: ``class`` | ``suppressed`` | ``dlq`` | ``control``.
+        topic, partition: the input topic and partition.
+        offsets: the input offsets it accounts for, ascending (``dlq``/``control``: one).
+        horizon: the highest input offset any incarnation had consumed when the entry was made.
+        record_ids: the input record ids, same order as ``offsets`` (``class``/``suppressed``; empty otherwise).
+        reason: ``suppressed``: one of ``SUPPRESSION_REASONS``; ``dlq``: the dead-letter reason.
+        class_id: ``class``: the public opaque class id (the link ledger -> anon message, internal only).
+        outputs: the promised output messages (``class``/``suppressed``/``dlq``: exactly one, of the kind's
+            role; ``control``: none).
+        incarnation: tag of the service incarnation that made it (diagnostics).
+    """
+
+    kind: str
+    topic: str
+    partition: int
+    offsets: tuple[int, ...]
+    horizon: int
+    record_ids: tuple[Any, ...] = ()
+    reason: str | None = None
+    class_id: str | None = None
+    outputs: tuple[EncodedMessage, ...] = ()
+    incarnation: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENTRY_KINDS:
+            raise LedgerFormatError(f"kind: expected one of {list(ENTRY_KINDS)}, got {self.kind!r}")
+        offs = self.offsets
+        if not offs or any(isinstance(o, bool) or not isinstance(o, int) or o < 0 for o in offs):
+            raise LedgerFormatError(f"offsets: expected a non-empty list of integers >= 0, got {offs!r}")
+        if any(a >= b for a, b in zip(offs, offs[1:], strict=False)):
+            raise LedgerFormatError("offsets: must be strictly ascending")
+        if isinstance(self.partition, bool) or not isinstance(self.partition, int) or self.partition < 0:
+            raise LedgerFormatError(f"partition: expected an integer >= 0, got {self.partition!r}")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < offs[-1]:
+            raise LedgerFormatError(f"horizon: expected an integer >= the last offset {offs[-1]}, got {self.horizon!r}")
+        if self.record_ids and len(self.record_ids) != len(offs):
+            raise LedgerFormatError(f"record_ids: {len(self.record_ids)} ids for {len(offs)} offsets")
+        if self.kind in (KIND_DLQ, KIND_CONTROL) and len(offs) != 1:
+            raise LedgerFormatError(f"{self.kind} entry: exactly one offset, got {len(offs)}")
+        want = _ROLE_OF_KIND.get(self.kind)
+        roles = [o.role for o in self.outputs]
+        if (want is None and roles) or (want is not None and roles != [want]):
+            raise LedgerFormatError(f"{self.kind} entry: outputs must be {[want] if want else []}, got {roles}")
+        if self.kind == KIND_CLASS and not self.class_id:
+            raise LedgerFormatError("class entry: class_id missing")
+        if self.kind == KIND_SUPPRESSED and self.reason not in SUPPRESSION_REASONS:
+            raise LedgerFormatError(f"suppressed entry: reason must be one of {list(SUPPRESSION_REASONS)}, "
+                                    f"got {self.reason!r}")
+        if self.kind == KIND_DLQ and not isinstance(self.reason, str):
+            raise LedgerFormatError("dlq entry: reason missing")
+
+    @property
+    def release_id(self) -> str:
+        return release_id(self.topic, self.partition, self.offsets[0])
+
+    @property
+    def key(self) -> bytes:
+        """Ledger key (compaction): the release id."""
+        return self.release_id.encode("utf-8", "backslashreplace")
+
+    @property
+    def last_offset(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def outcome(self) -> str:
+        return OUTCOME_OF_KIND[self.kind]
+
+    def encode(self) -> bytes:
+        outs = []
+        for o in self.outputs:
+            d: dict[str, Any] = {"role": o.role}
+            _bytes_out("key", o.key, d)
+            _bytes_out("value", o.value, d)
+            outs.append(d)
+        body: dict[str, Any] = {"v": LEDGER_VERSION, "t": self.kind, "topic": self.topic, "p": self.partition,
+                                "offsets": list(self.offsets), "horizon": self.horizon}
+        if self.record_ids:
+            body["ids"] = list(self.record_ids)
+        if self.reason is not None:
+            body["reason"] = self.reason
+        if self.class_id is not None:
+            body["class"] = self.class_id
+        body["out"] = outs
+        body["inc"] = self.incarnation
+        return canonical_json(body)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Progress of one ledger partition at a commit.
+
+    Attributes:
+        watermark: the input offset committed right after this checkpoint (every record below it is accounted
+            and its outputs acknowledged).
+        horizon: the highest input offset consumed so far (>= watermark - 1).
+        ends: output role -> end offset (next offset) of the output partition as acknowledged by the producer
+            (a lower bound of where any later output lands).
+        seq, incarnation: make the key unique (``<topic>/<partition>/checkpoint/<incarnation>/<seq>``).
+    """
+
+    topic: str
+    partition: int
+    watermark: int
+    horizon: int
+    ends: tuple[tuple[str, int], ...]
+    seq: int
+    incarnation: str
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "watermark", "seq"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise LedgerFormatError(f"checkpoint {name}: expected an integer >= 0, got {v!r}")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < self.watermark - 1:
+            raise LedgerFormatError(f"checkpoint horizon: expected an integer >= watermark - 1, got {self.horizon!r}")
+        for role, end in self.ends:
+            if role not in ROLES or isinstance(end, bool) or not isinstance(end, int) or end < 0:
+                raise LedgerFormatError(f"checkpoint ends: {role!r} -> {end!r} is not a role -> offset >= 0")
+
+    @property
+    def key(self) -> bytes:
+        return f"{self.topic}/{self.partition}/checkpoint/{self.incarnation}/{self.seq}".encode(
+            "utf-8", "backslashreplace")
+
+    @property
+    def ends_map(self) -> dict[str, int]:
+        return dict(self.ends)
+
+    def encode(self) -> bytes:
+        return canonical_json({"v": LEDGER_VERSION, "t": "checkpoint", "topic": self.topic, "p": self.partition,
+                               "watermark": self.watermark, "horizon": self.horizon, "ends": dict(self.ends),
+                               "seq": self.seq, "inc": self.incarnation})
+
+
+def _int(d: Mapping[str, Any], name: str) -> int:
+    v = d.get(name)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise LedgerFormatError(f"field {name!r}: expected an integer, got {v!r}")
+    return v
+
+
+def _str(d: Mapping[str, Any], name: str, *, nullable: bool = False) -> Any:
+    v = d.get(name)
+    if v is None and nullable:
+        return None
+    if not isinstance(v, str):
+        raise LedgerFormatError(f"field {name!r}: expected text, got {type(v).__name__}")
+    return v
+
+
+def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
+    """Parse a ledger message value strictly; anything else raises :class:`LedgerFormatError` (never another
+    exception: recovery reports it and goes on)."""
+    try:
+        body = json.loads(value)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise LedgerFormatError(f"not JSON: {str(e)[:200]}") from None
+    try:
+        if not isinstance(body, dict):
+            raise LedgerFormatError("not a JSON object")
+        if body.get("v") != LEDGER_VERSION:
+            raise LedgerFormatError(f"version {body.get('v')!r}, expected {LEDGER_VERSION}")
+        t = body.get("t")
+        if t == "checkpoint":
+            ends = body.get("ends")
+            if not isinstance(ends, dict):
+                raise LedgerFormatError("field 'ends': expected an object")
+            return Checkpoint(topic=_str(body, "topic"), partition=_int(body, "p"), watermark=_int(body, "watermark"),
+                              horizon=_int(body, "horizon"), ends=tuple(sorted(ends.items())), seq=_int(body, "seq"),
+                              incarnation=_str(body, "inc"))
+        offs = body.get("offsets")
+        if not isinstance(offs, list):
+            raise LedgerFormatError("field 'offsets': expected a list")
+        ids = body.get("ids", [])
+        if not isinstance(ids, list):
+            raise LedgerFormatError("field 'ids': expected a list")
+        outs_raw = body.get("out")
+        if not isinstance(outs_raw, list):
+            raise LedgerFormatError("field 'out': expected a list")
+        outs = []
+        for o in outs_raw:
+            if not isinstance(o, dict) or o.get("role") not in ROLES:
+                raise LedgerFormatError(f"output {o!r}: expected an object with a role in {list(ROLES)}")
+            val = _bytes_in("value", o)
+            if val is None:
+                raise LedgerFormatError("output value: missing")
+            outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val))
+        return LedgerEntry(kind=_str(body, "t"), topic=_str(body, "topic"), partition=_int(body, "p"),
+                           offsets=tuple(offs), horizon=_int(body, "horizon"), record_ids=tuple(ids),
+                           reason=_str(body, "reason", nullable=True), class_id=_str(body, "class", nullable=True),
+                           outputs=tuple(outs), incarnation=_str(body, "inc"))
+    except LedgerFormatError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # any other shape problem: still "corrupt"
+        raise LedgerFormatError(f"malformed entry: {e!r}"[:300]) from None
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One consumed ledger message (what the Kafka layer hands the pure code)."""
+
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+# ---------------------------------------------------------------------------------------------- entry factory
+class EntryFactory:
+    """Builds the ledger entries (with their output messages) of one input partition's decisions (pure).
+
+    One call per engine release / dead letter / control message; the pipeline sets ``horizon`` (highest input
+    offset consumed).  With a ``gate``, :meth:`released_class` checks the class first and turns a refused class
+    into a ``suppressed`` entry with reason ``gate``.
+    """
+
+    def __init__(self, *, input_topic: str, partition: int, incarnation: str, classes: ClassEncoder,
+                 secret: bytes, dlq_payload: str = "redacted", dlq_max_payload_bytes: int = 1_000_000,
+                 gate: PrePublishGate | None = None) -> None:
+        if dlq_payload not in DLQ_PAYLOAD_MODES:
+            raise ValueError(f"dlq payload must be one of {list(DLQ_PAYLOAD_MODES)}, got {dlq_payload!r}")
+        self.topic = input_topic
+        self.partition = partition
+        self.incarnation = incarnation
+        self.classes = classes
+        self.secret = secret
+        self.dlq_payload = dlq_payload
+        self.dlq_max_payload_bytes = dlq_max_payload_bytes
+        self.gate = gate
+
+    def released_class(self, *, offsets: Sequence[int], record_ids: Sequence[Any],
+                       members: Sequence[Mapping[str, Any]], generalized: Mapping[str, str], size: int, loss: float,
+                       horizon: int) -> tuple[LedgerEntry, GateResult | None]:
+        """A ``class`` entry promising the public class message, or (the gate refused the class) a
+        ``suppressed`` entry with reason ``gate``.  ``offsets``/``record_ids``/``members``: same order, the
+        members' source offsets, INPUT record ids and original records.  With a gate, the published ``size`` is
+        the gate's own count of distinct individuals."""
+        verdict = None
+        if self.gate is not None:
+            verdict = self.gate.check(generalized, members, record_ids)
+            if not verdict.ok:
+                return self.suppressed(offsets=offsets, record_ids=record_ids, reason="gate", horizon=horizon,
+                                       detail=verdict.describe()), verdict
+            size = verdict.individuals
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
+                                  record_ids=record_ids)
+        assert msg.key is not None
+        return LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
+                           horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
+                           outputs=(msg,), incarnation=self.incarnation), verdict
+
+    def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
+                   detail: str | None = None) -> LedgerEntry:
+        msg = suppressed_message(input_topic=self.topic, partition=self.partition, offsets=offsets,
+                                 record_ids=record_ids, reason=reason, detail=detail)
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        return LedgerEntry(KIND_SUPPRESSED, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
+                           horizon, record_ids=tuple(record_ids[i] for i in order), reason=reason, outputs=(msg,),
+                           incarnation=self.incarnation)
+
+    def dead_letter(self, *, offset: int, reason: str, field: str | None, error: str | None, value: bytes | None,
+                    key: bytes | None, horizon: int) -> LedgerEntry:
+        msg = dead_letter_message(input_topic=self.topic, partition=self.partition, offset=offset, reason=reason,
+                                  field=field, error=error, value=value, key=key, secret=self.secret,
+                                  payload=self.dlq_payload, max_payload_bytes=self.dlq_max_payload_bytes)
+        return LedgerEntry(KIND_DLQ, self.topic, self.partition, (int(offset),), horizon, reason=reason,
+                           outputs=(msg,), incarnation=self.incarnation)
+
+    def control(self, *, offset: int, horizon: int) -> LedgerEntry:
+        """An end-of-stream marker consumed at ``offset`` (accounted, nothing published)."""
+        return LedgerEntry(KIND_CONTROL, self.topic, self.partition, (int(offset),), horizon,
+                           incarnation=self.incarnation)
+
+
+# ---------------------------------------------------------------------------------------------- writer state
+class PartitionOutbox:
+    """The writer side of one ledger partition (pure state; the Kafka loop sends what it returns).
+
+    Tracks the output end offsets as acknowledged (:meth:`acked`), numbers the checkpoints, and remembers
+    which ledger keys may be tombstoned once the consumer offset is committed past them.
+    """
+
+    def __init__(self, topic: str, partition: int, *, incarnation: str, ends: Mapping[str, int] | None = None,
+                 horizon: int = -1) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.incarnation = incarnation
+        self._ends: dict[str, int] = {r: int(e) for r, e in (ends or {}).items()}
+        self.horizon = horizon
+        self._seq = 0
+        self._entries: list[tuple[int, bytes]] = []  # heap of (last offset, key)
+        self._checkpoints: list[tuple[int, bytes]] = []  # (horizon, key), in ledger order
+        self.last_checkpoint: Checkpoint | None = None
+
+    @classmethod
+    def from_recovery(cls, plan: RecoveryPlan, *, incarnation: str,
+                      ends: Mapping[str, int] | None = None) -> PartitionOutbox:
+        """The outbox of a new incarnation after recovery: ends = the plan's checkpoint ends raised by ``ends``
+        (e.g. the output partitions' highwater read during the re-send scan); remembers the keys the scan saw
+        so that they are tombstoned too."""
+        merged = dict(plan.scan_from or {})
+        for r, e in (ends or {}).items():
+            merged[r] = max(merged.get(r, 0), int(e))
+        box = cls(plan.topic, plan.partition, incarnation=incarnation, ends=merged, horizon=plan.horizon)
+        for last, key in plan.seen_entries:
+            heapq.heappush(box._entries, (last, key))
+        box._checkpoints = list(plan.seen_checkpoints)
+        return box
+
+    @property
+    def ends(self) -> dict[str, int]:
+        return dict(self._ends)
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Remember an entry written to this ledger partition (for tombstones); raises the horizon."""
+        heapq.heappush(self._entries, (entry.last_offset, entry.key))
+        if entry.horizon > self.horizon:
+            self.horizon = entry.horizon
+
+    def acked(self, role: str, offset: int) -> None:
+        """An output message of ``role`` was acknowledged at ``offset`` of its output partition."""
+        if offset + 1 > self._ends.get(role, 0):
+            self._ends[role] = offset + 1
+
+    def checkpoint(self, watermark: int, horizon: int | None = None) -> Checkpoint:
+        """The next checkpoint (send it after the flush of step 3; commit ``watermark`` once it is acknowledged)."""
+        h = max(self.horizon, watermark - 1) if horizon is None else max(horizon, self.horizon, watermark - 1)
+        self.horizon = h
+        self._seq += 1
+        ck = Checkpoint(self.topic, self.partition, watermark, h, tuple(sorted(self._ends.items())), self._seq,
+                        self.incarnation)
+        self._checkpoints.append((ck.horizon, ck.key))
+        self.last_checkpoint = ck
+        return ck
+
+    def tombstones(self, committed: int) -> list[bytes]:
+        """Ledger keys that no recovery can need once ``committed`` is the group's committed offset: entries
+        wholly below it, and checkpoints older than the newest checkpoint whose horizon is below it (that one
+        still stops a later scan).  Each key is returned once."""
+        out = []
+        heap = self._entries
+        while heap and heap[0][0] < committed:
+            out.append(heapq.heappop(heap)[1])
+        cps = self._checkpoints
+        stop = -1
+        for i, (h, _) in enumerate(cps):
+            if h < committed:
+                stop = i
+        if stop > 0:
+            out.extend(k for _, k in cps[:stop])
+            self._checkpoints = cps[stop:]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- recovery
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What the backward scan of one ledger partition found.
+
+    Attributes:
+        start_offset: where the new incarnation consumes from: max(committed offset, last checkpoint's
+            watermark); None when neither exists (then: the consumer's reset position, e.g. earliest).
+        accounted: offsets >= start_offset already in the ledger (skip them).
+        horizon: highest input offset consumed by any earlier incarnation (>= start_offset - 1).
+        checkpoint: the last checkpoint (None: none in the ledger partition).
+        pending: entries after the last checkpoint not wholly below the committed offset, in ledger order: their
+            outputs may be missing.
+        scan_from: role -> output offset where the presence scan starts (the checkpoint's ends; None without
+            a checkpoint: scan the output partitions from their beginning).
+        conflicts: (input offset, ledger offsets) held by two different entries (a broken invariant).
+        corrupt: (ledger offset, what is wrong) of messages that are not ledger records of this partition.
+        records_read, tombstones: counts.
+        seen_entries / seen_checkpoints: (last offset, key) / (horizon, key) of what was read (tombstones).
+    """
+
+    topic: str
+    partition: int
+    start_offset: int | None
+    accounted: frozenset[int]
+    horizon: int
+    checkpoint: Checkpoint | None
+    pending: tuple[LedgerEntry, ...]
+    scan_from: dict[str, int] | None
+    conflicts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    corrupt: tuple[tuple[int, str], ...] = ()
+    records_read: int = 0
+    tombstones: int = 0
+    seen_entries: tuple[tuple[int, bytes], ...] = ()
+    seen_checkpoints: tuple[tuple[int, bytes], ...] = ()
+
+
+class LedgerScan:
+    """Backward scan of one ledger partition (recovery step b).
+
+    Feed ``add_chunk`` with chunks in backward order (each chunk in forward offset order) until it returns True
+    or the partition's beginning is reached, then call :meth:`finish`.  Stops at the first checkpoint (from the
+    end) whose horizon is below the threshold max(committed, last checkpoint's watermark): by I3 everything
+    before it holds only offsets below the threshold.  Only checkpoints stop the scan (they follow a flush, so a
+    re-sent entry that landed out of order cannot end it early).  Foreign or corrupt messages are reported in
+    ``corrupt`` and skipped; identical re-writes of one entry count once.
+    """
+
+    def __init__(self, topic: str, partition: int, committed: int | None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.committed = committed
+        self.done = False
+        self.records_read = 0
+        self.tombstones = 0
+        self.checkpoint: Checkpoint | None = None
+        self._threshold: int | None = None
+        self._entries: list[tuple[int, LedgerEntry, bytes]] = []  # backward order (ledger offset, entry, value)
+        self._n_after = 0  # how many of _entries precede (in scan order) the last checkpoint
+        self._checkpoints: list[tuple[int, bytes]] = []
+        self._corrupt: list[tuple[int, str]] = []
+        self._horizon = -1
+
+    def add_chunk(self, chunk: Sequence[LedgerRecord]) -> bool:
+        if self.done:
+            return True
+        for rec in reversed(chunk):
+            self.records_read += 1
+            if rec.value is None:
+                self.tombstones += 1
+                continue
+            try:
+                item = decode_ledger_value(rec.value)
+            except LedgerFormatError as e:
+                self._corrupt.append((rec.offset, str(e)))
+                continue
+            if item.topic != self.topic or item.partition != self.partition:
+                self._corrupt.append((rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
+                continue
+            self._horizon = max(self._horizon, item.horizon)
+            if isinstance(item, Checkpoint):
+                self._checkpoints.append((item.horizon, item.key))
+                if self.checkpoint is None:
+                    self.checkpoint = item
+                    self._n_after = len(self._entries)
+                    self._threshold = item.watermark if self.committed is None else max(self.committed,
+                                                                                        item.watermark)
+                assert self._threshold is not None
+                if item.horizon < self._threshold:
+                    self.done = True
+                    return True
+                continue
+            self._entries.append((rec.offset, item, rec.value))
+        return False
+
+    def finish(self) -> RecoveryPlan:
+        ck = self.checkpoint
+        candidates = [x for x in (self.committed, ck.watermark if ck else None) if x is not None]
+        start = max(candidates) if candidates else None
+        by_offset: dict[int, int] = {}
+        seen_values: dict[bytes, bytes] = {}
+        conflicts: dict[int, list[int]] = {}
+        unique: list[tuple[int, LedgerEntry]] = []
+        for lo, e, value in reversed(self._entries):  # ledger order
+            prev = seen_values.get(e.key)
+            if prev is not None and prev == value:
+                continue  # the same entry written twice (a producer retry): one entry
+            seen_values[e.key] = value
+            unique.append((lo, e))
+            for o in e.offsets:
+                if o in by_offset:
+                    conflicts.setdefault(o, [by_offset[o]]).append(lo)
+                else:
+                    by_offset[o] = lo
+        accounted = frozenset(o for o in by_offset if start is None or o >= start)
+        after_offsets = {lo for lo, _, _ in self._entries[: self._n_after]} if ck is not None \
+            else {lo for lo, _, _ in self._entries}
+        pending = tuple(e for lo, e in unique if lo in after_offsets
+                        and (self.committed is None or e.last_offset >= self.committed))
+        horizon = self._horizon if start is None else max(self._horizon, start - 1)
+        return RecoveryPlan(
+            topic=self.topic, partition=self.partition, start_offset=start, accounted=accounted, horizon=horizon,
+            checkpoint=ck, pending=pending, scan_from=ck.ends_map if ck is not None else None,
+            conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
+            corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
+            seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
+            seen_checkpoints=tuple(reversed(self._checkpoints)))
+
+
+class OutputPresence:
+    """The output messages found in the output partitions from ``plan.scan_from`` on (recovery step d)."""
+
+    def __init__(self) -> None:
+        self._digests: dict[bytes, int] = {}
+
+    def add(self, role: str, key: bytes | None, value: bytes | None) -> None:
+        d = message_digest(role, key, value)
+        self._digests[d] = self._digests.get(d, 0) + 1
+
+    def add_many(self, role: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> None:
+        for key, value in messages:
+            self.add(role, key, value)
+
+    def __contains__(self, digest: object) -> bool:
+        return digest in self._digests
+
+    def count(self, message: EncodedMessage) -> int:
+        return self._digests.get(message.digest(), 0)
+
+    @property
+    def digests(self) -> Collection[bytes]:
+        return self._digests.keys()
+
+
+def outputs_to_resend(pending: Sequence[LedgerEntry], present: Collection[bytes] | OutputPresence
+                      ) -> list[EncodedMessage]:
+    """The promised outputs of ``pending`` that are not in ``present`` (digests of the messages found), in
+    ledger order.  Re-send them as they are: same role, key and value bytes, no headers."""
+    out = []
+    for e in pending:
+        for m in e.outputs:
+            if m.digest() not in present:
+                out.append(m)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- accounting
+@dataclass
+class PublishedCheck:
+    """The promised outputs of one role against the messages of its topic."""
+
+    expected: int = 0
+    exactly_once: int = 0
+    missing: list[str] = field(default_factory=list)  # release ids
+    duplicated: list[str] = field(default_factory=list)  # release ids published more than once
+    unexpected: int = 0  # messages of the topic promised by no entry
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.duplicated and not self.unexpected
+
+
+@dataclass
+class AccountingReport:
+    """Every input offset against the ledger: outcome counts and what breaks "exactly once"."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)  # released / suppressed / dead_lettered / control
+    suppressed_reasons: dict[str, int] = field(default_factory=dict)
+    dlq_reasons: dict[str, int] = field(default_factory=dict)
+    classes: int = 0
+    entries: int = 0
+    checkpoints: int = 0
+    tombstones: int = 0
+    rewrites: int = 0  # identical copies of an entry (a producer retry), counted once
+    duplicates: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in two entries
+    missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in no entry
+    corrupt: list[tuple[int, int, str]] = field(default_factory=list)  # (partition, ledger offset, error)
+
+    @property
+    def ok(self) -> bool:
+        return not self.duplicates and not self.missing and not self.corrupt
+
+    @property
+    def accounted(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class LedgerAccounting:
+    """The accounting view (``audit``, demo summary, verifier, linkage test): read whole ledger partitions
+    forward with :meth:`add`, then :meth:`report` (every input offset released, suppressed, dead-lettered or a
+    control marker exactly once) and :meth:`check_published` (every promised output on its topic exactly
+    once, nothing else there)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self._outcome: dict[tuple[int, int], str] = {}
+        self._values: dict[bytes, bytes] = {}
+        self._report = AccountingReport()
+        self._promised: dict[str, dict[bytes, str]] = {r: {} for r in ROLES}
+        self.record_ids: dict[tuple[int, int], Any] = {}
+        self.class_members: dict[str, tuple[tuple[int, int], ...]] = {}
+
+    def add(self, partition: int, records: Iterable[LedgerRecord]) -> None:
+        rep = self._report
+        for rec in records:
+            if rec.value is None:
+                rep.tombstones += 1
+                continue
+            try:
+                item = decode_ledger_value(rec.value)
+            except LedgerFormatError as e:
+                rep.corrupt.append((partition, rec.offset, str(e)))
+                continue
+            if item.topic != self.topic or item.partition != partition:
+                rep.corrupt.append((partition, rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
+                continue
+            if isinstance(item, Checkpoint):
+                rep.checkpoints += 1
+                continue
+            prev = self._values.get(item.key)
+            if prev is not None and prev == rec.value:
+                rep.rewrites += 1
+                continue
+            self._values[item.key] = rec.value
+            rep.entries += 1
+            outcome = item.outcome
+            for i, o in enumerate(item.offsets):
+                k = (partition, o)
+                if k in self._outcome:
+                    rep.duplicates.append(k)
+                    continue
+                self._outcome[k] = outcome
+                rep.outcomes[outcome] = rep.outcomes.get(outcome, 0) + 1
+                if item.record_ids:
+                    self.record_ids[k] = item.record_ids[i]
+            if item.kind == KIND_CLASS:
+                rep.classes += 1
+                assert item.class_id is not None
+                self.class_members[item.class_id] = tuple((partition, o) for o in item.offsets)
+            elif item.kind == KIND_SUPPRESSED:
+                assert item.reason is not None
+                rep.suppressed_reasons[item.reason] = rep.suppressed_reasons.get(item.reason, 0) + len(item.offsets)
+            elif item.kind == KIND_DLQ:
+                assert item.reason is not None
+                rep.dlq_reasons[item.reason] = rep.dlq_reasons.get(item.reason, 0) + 1
+            for m in item.outputs:
+                self._promised[m.role][m.digest()] = item.release_id
+
+    def outcome(self, partition: int, offset: int) -> str | None:
+        return self._outcome.get((partition, offset))
+
+    def report(self, input_ends: Mapping[int, int] | None = None,
+               input_begins: Mapping[int, int] | None = None) -> AccountingReport:
+        """The report; with ``input_ends`` (partition -> end offset of the input) every offset in
+        ``[begin, end)`` (begin default 0) must be accounted, else it is listed in ``missing``."""
+        rep = self._report
+        rep.missing = []
+        for p, end in sorted((input_ends or {}).items()):
+            begin = (input_begins or {}).get(p, 0)
+            rep.missing.extend((p, o) for o in range(begin, end) if (p, o) not in self._outcome)
+        return rep
+
+    def check_published(self, role: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> PublishedCheck:
+        """Compare the promised outputs of ``role`` with the (key, value) of every message of its topic."""
+        promised = self._promised[role]
+        seen: dict[bytes, int] = {}
+        chk = PublishedCheck(expected=len(promised))
+        for key, value in messages:
+            d = message_digest(role, key, value)
+            if d not in promised:
+                chk.unexpected += 1
+                continue
+            seen[d] = seen.get(d, 0) + 1
+        for d, rid in promised.items():
+            n = seen.get(d, 0)
+            if n == 0:
+                chk.missing.append(rid)
+            elif n > 1:
+                chk.duplicated.append(rid)
+            else:
+                chk.exactly_once += 1
+        return chk

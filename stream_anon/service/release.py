@@ -1,0 +1,511 @@
+"""Message formats of the main path, pure (no Kafka, no Prometheus): what is public and what stays internal.
+
+Threat model: ``docs/threat-model.md``.  The attacker knows the QIs and the arrival time of target records and
+reads every *public* topic; so a public message carries nothing that singles out a record inside its class.
+
+* **Class message** (public topic ``anon``, one message per equivalence class, no headers)::
+
+      {"v":1,"class":"5f0c...32 hex...","qi":{"age":"[30-39]",...},"k":10,"l":null,"size":10,
+       "loss":0.2871,"sensitive":["income"],"counts":[["<=50K",7],[">50K",3]]}
+
+  ``class``: an opaque id, 128 random bits from a CSPRNG (:func:`random_class_id`), derived from nothing a
+  reader could invert (no partition, offset, record id or time).  ``qi``: the generalized QIs in schema order.
+  ``k``/``l``: the configured parameters; ``size``: distinct individuals in the class; ``loss``: the class's
+  per-record loss (mean over QIs; ``null`` if not finite).  ``sensitive``/``counts``: the members' sensitive
+  values as counts of their *joint* value tuples (one row ``[v_1, ..., v_m, count]`` per distinct tuple),
+  rows sorted by their canonical JSON.  Why counts rather than a shuffled list: the multiset is exactly what a
+  class may disclose; counts in a canonical order are that multiset with no order at all (nothing to get wrong
+  with a non-cryptographic or seeded shuffle), need no randomness, are byte-deterministic and smaller (ADULT:
+  at most 2 rows instead of k values), and keep the joint values when a schema has several sensitive
+  attributes.  No record ids, offsets, release ids, delays or latencies; no source headers.  Opt-in
+  ``release.include_record_ids`` (outside the threat model) adds ``"members": [[record_id, v_1, ..., v_m],
+  ...]`` sorted by the record id's canonical JSON.
+  Kafka key: the class id (ASCII).  The bytes are :func:`canonical_json`; the ledger stores them and a
+  re-send after a crash sends the stored bytes (byte-identical), so the class id need not be reproducible.
+
+* **Suppressed message** (internal topic ``suppressed``)::
+
+      {"v":1,"release":"adult.raw/0/17","reason":"delay_bound","topic":"adult.raw","partition":0,
+       "offsets":[17],"record_ids":["adult-00017"]}
+
+  ``reason``: one of :data:`SUPPRESSION_REASONS`; ``detail`` (optional): e.g. what the gate found.  Key: the
+  release id ``<input topic>/<partition>/<first offset>``.
+
+* **Dead letter** (internal topic ``dlq``), redacted by default::
+
+      {"v":1,"reason":"out_of_domain","field":"age","topic":"adult.raw","partition":0,"offset":17,
+       "value_length":143,"value_hmac":"<64 hex: HMAC-SHA256(release secret, original value bytes)>",
+       "payload":"redacted"}
+
+  With ``dlq.payload: raw`` also ``"error"`` (the validator's message, which may quote the value),
+  ``"value_b64"`` (the original bytes, base64, cut at ``max_payload_bytes``; then ``"truncated": true``) and
+  ``"key_b64"``.  Every text field goes through :func:`safe_text` (a lone surrogate such as ``"\\ud800"`` or
+  non-UTF-8 bytes become visible escapes), and nothing goes into headers, so no input can make the encoding
+  fail.  Key: the release id of the offset.
+
+* **Side-copy pseudonym** (:func:`record_pseudonym`): ``HMAC-SHA256(secret, canonical JSON of the record id)``,
+  hex, truncated to :data:`PSEUDONYM_HEX_CHARS` (128 bits).  Grouping one record's LDP copies by pseudonym
+  composes their epsilons (sequential composition); copies of runs with different secrets do not group.
+
+The configuration this module needs is :class:`ReleaseOptions` (``release.*`` and ``dlq.*`` options).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _encode_basestring_ascii
+from typing import Any
+
+FORMAT_VERSION = 1
+"""``"v"`` of every message this module writes."""
+
+ROLE_ANON = "anon"
+ROLE_SUPPRESSED = "suppressed"
+ROLE_DLQ = "dlq"
+ROLES = (ROLE_ANON, ROLE_SUPPRESSED, ROLE_DLQ)
+"""Topic roles of the output messages (``topics.anon``, ``topics.suppressed``, ``topics.dlq``)."""
+
+SUPPRESSION_REASONS = ("delay_bound", "leftover", "gate")
+"""``delay_bound``: CASTLE suppressed the record when its delay expired (or at the end-of-stream flush);
+``leftover``: the leftover cluster's deadline passed below k; ``gate``: the pre-publish gate refused its class."""
+
+DLQ_PAYLOAD_MODES = ("redacted", "raw")
+CLASS_ID_BYTES = 16
+"""Random bytes of a class id (128 bits, 32 hex characters)."""
+PSEUDONYM_HEX_CHARS = 32
+"""Length of a side-copy pseudonym: 32 hex characters = 128 bits of HMAC-SHA256 (birthday collision chance
+for 10^9 records: about 1.5e-21)."""
+MIN_SECRET_BYTES = 16
+GENERATED_SECRET_BYTES = 32
+
+
+class ReleaseFormatError(ValueError):
+    """A message is not in the format this module writes (the message names the field)."""
+
+
+class ReleaseConfigError(ValueError):
+    """A ``release.*``/``dlq.*`` option is invalid: names the option, the allowed values and the value received
+    (never a secret's value)."""
+
+    def __init__(self, option: str, allowed: str, received: str):
+        super().__init__(f"{option}: must be {allowed}, got {received}")
+        self.option = option
+
+
+# ---------------------------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class ReleaseOptions:
+    """The options the release formats need (the service's Config carries them; defaults are the safe ones).
+
+    Attributes:
+        include_record_ids: ``release.include_record_ids`` (default false).  True adds the members' record ids
+            to every public class message: OUTSIDE the threat model (a reader who knows a record id reads its
+            sensitive value); the service logs :meth:`startup_warnings` at start.
+        secret: ``release.secret`` (default: none, i.e. generated at start, see :func:`resolve_secret`): key of
+            the side-copy pseudonyms and of the dead-letter hashes, at least 16 bytes of text.  Set it (config
+            file or ``STREAM_ANON_RELEASE_SECRET``) so that pseudonyms and hashes stay stable across restarts.
+        dlq_payload: ``dlq.payload``: ``redacted`` (default: reason, field, lengths, position, keyed hash) or
+            ``raw`` (also the original bytes, base64, and the validator's message).
+        dlq_max_payload_bytes: with ``raw``, original bytes kept per dead letter (longer ones are cut and
+            flagged); the service's existing ``service.dlq_max_bytes``.
+    """
+
+    include_record_ids: bool = False
+    secret: str | None = None
+    dlq_payload: str = "redacted"
+    dlq_max_payload_bytes: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.include_record_ids, bool):
+            raise ReleaseConfigError("release.include_record_ids", "true or false", repr(self.include_record_ids))
+        if self.secret is not None:
+            if not isinstance(self.secret, str):
+                raise ReleaseConfigError("release.secret", "a text of at least 16 bytes",
+                                         f"a {type(self.secret).__name__}")
+            n = len(self.secret.encode("utf-8", "surrogatepass"))
+            if n < MIN_SECRET_BYTES:
+                raise ReleaseConfigError("release.secret", f"at least {MIN_SECRET_BYTES} bytes of text (e.g. 64 hex "
+                                         "characters from `openssl rand -hex 32`)", f"{n} bytes")
+        if self.dlq_payload not in DLQ_PAYLOAD_MODES:
+            raise ReleaseConfigError("dlq.payload", f"one of {list(DLQ_PAYLOAD_MODES)}", repr(self.dlq_payload))
+        m = self.dlq_max_payload_bytes
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ReleaseConfigError("service.dlq_max_bytes", "an integer >= 0", repr(m))
+
+    def startup_warnings(self, *, secret_generated: bool) -> list[str]:
+        """Lines the service logs as WARNING at start (empty when the configuration is inside the threat model)."""
+        out = []
+        if self.include_record_ids:
+            out.append("release.include_record_ids is true: every class message on the public anon topic carries "
+                       "its members' record ids next to their sensitive values; this is OUTSIDE the threat model "
+                       "(docs/threat-model.md): whoever knows a record id reads its sensitive value")
+        if self.dlq_payload == "raw":
+            out.append("dlq.payload is raw: the dead-letter topic holds original records; restrict it like the "
+                       "input topic (docs/threat-model.md)")
+        if secret_generated:
+            out.append("release.secret not set: generated a random secret for this run; side-copy pseudonyms and "
+                       "dead-letter hashes of different runs will not match (set release.secret or "
+                       "STREAM_ANON_RELEASE_SECRET to keep them stable)")
+        return out
+
+
+@dataclass(frozen=True)
+class ReleaseSecret:
+    """The key of pseudonyms and dead-letter hashes: ``text`` (what ``release.secret`` holds) and ``value`` (its
+    UTF-8 bytes, the HMAC key); ``generated``: made at start, not configured.  ``repr`` never shows it."""
+
+    text: str
+    generated: bool
+
+    @property
+    def value(self) -> bytes:
+        return self.text.encode("utf-8", "surrogatepass")
+
+    def __repr__(self) -> str:
+        return f"ReleaseSecret(<{len(self.value)} bytes>, generated={self.generated})"
+
+    __str__ = __repr__
+
+
+def resolve_secret(configured: str | None, *, token_hex: Callable[[int], str] = secrets.token_hex) -> ReleaseSecret:
+    """The configured ``release.secret``, or 64 hex characters (32 bytes) from the OS CSPRNG when none is
+    configured.
+
+    Resolve it ONCE in the parent process and put the text into the configuration the workers and the side-path
+    process receive (a per-process secret would give one record different pseudonyms in different processes);
+    redact ``release.secret`` wherever the configuration is printed.
+    """
+    if configured is not None:
+        ReleaseOptions(secret=configured)  # validates the length (error names the option, not the value)
+        return ReleaseSecret(configured, generated=False)
+    return ReleaseSecret(token_hex(GENERATED_SECRET_BYTES), generated=True)
+
+
+# ---------------------------------------------------------------------------------------------- encoding helpers
+def canonical_json(obj: Any) -> bytes:
+    """Compact, ASCII-only JSON (``separators=(",", ":")``, ``ensure_ascii``, no NaN): the bytes of every
+    message.  Deterministic for a given object (dict order as built; floats in Python's shortest repr)."""
+    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def safe_text(value: str | bytes | None) -> str | None:
+    """Text that every encoder accepts: lone surrogates (``"\\ud800"``) and undecodable bytes become visible
+    backslash escapes; valid text is returned unchanged."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if not isinstance(value, str):
+        value = str(value)
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def random_class_id() -> str:
+    """An opaque class id: 128 bits from the OS CSPRNG (``secrets``), 32 hex characters."""
+    return secrets.token_hex(CLASS_ID_BYTES)
+
+
+def _id_key(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+
+
+def release_id(input_topic: str, partition: int, first_offset: int) -> str:
+    """Internal id of a release (ledger key, suppressed/dlq key): ``<input topic>/<partition>/<first offset>``."""
+    return f"{input_topic}/{partition}/{first_offset}"
+
+
+@dataclass(frozen=True)
+class EncodedMessage:
+    """One output message exactly as it is produced: topic role, key and value bytes, no headers."""
+
+    role: str
+    key: bytes | None
+    value: bytes
+
+    def digest(self) -> bytes:
+        """SHA-256 over role, key and value (how recovery recognizes the message in an output partition)."""
+        return message_digest(self.role, self.key, self.value)
+
+
+def message_digest(role: str, key: bytes | None, value: bytes | None) -> bytes:
+    h = hashlib.sha256(role.encode("ascii"))
+    for part in (key, value):
+        if part is None:
+            h.update(b"\x00")
+        else:
+            h.update(b"\x01" + len(part).to_bytes(8, "big"))
+            h.update(part)
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------------------- class messages
+def sensitive_counts(members: Sequence[Mapping[str, Any]], sensitive: Sequence[str]) -> list[list[Any]]:
+    """Rows ``[v_1, ..., v_m, count]`` of the members' joint sensitive values, sorted by canonical JSON."""
+    counts: dict[tuple[Any, ...], int] = {}
+    if len(sensitive) == 1:
+        s0 = sensitive[0]
+        for m in members:
+            t = (m[s0],)
+            counts[t] = counts.get(t, 0) + 1
+    else:
+        for m in members:
+            t = tuple(m[s] for s in sensitive)
+            counts[t] = counts.get(t, 0) + 1
+    rows = [[*t, n] for t, n in counts.items()]
+    rows.sort(key=lambda r: _id_key(r[:-1]))
+    return rows
+
+
+class ClassEncoder:
+    """Builds public class messages (see the module docstring) for one schema and configuration.
+
+    Args:
+        qis: QI names in the order they are written (the schema's order).
+        sensitive: sensitive attribute names (joint values are counted).
+        k, l: the configured parameters (written as is).
+        include_record_ids: ``release.include_record_ids``.
+        new_class_id: id source (default :func:`random_class_id`; inject a seeded one in tests only).
+    """
+
+    def __init__(self, *, qis: Sequence[str], sensitive: Sequence[str], k: int, l: int | None = None,  # noqa: E741
+                 include_record_ids: bool = False, new_class_id: Callable[[], str] = random_class_id) -> None:
+        self.qis = tuple(qis)
+        self.sensitive = tuple(sensitive)
+        self.k = int(k)
+        self.l = None if l is None else int(l)
+        self.include_record_ids = include_record_ids
+        self.new_class_id = new_class_id
+
+    def encode(self, *, generalized: Mapping[str, str], members: Sequence[Mapping[str, Any]], size: int,
+               loss: float, record_ids: Sequence[Any] | None = None) -> EncodedMessage:
+        """One class message; ``members``: the original records (sensitive values read from them);
+        ``record_ids``: same order, used only with ``include_record_ids``."""
+        class_id = self.new_class_id()
+        lossf = float(loss)
+        body: dict[str, Any] = {
+            "v": FORMAT_VERSION, "class": class_id, "qi": {q: generalized[q] for q in self.qis},
+            "k": self.k, "l": self.l, "size": int(size), "loss": lossf if math.isfinite(lossf) else None,
+            "sensitive": list(self.sensitive), "counts": sensitive_counts(members, self.sensitive),
+        }
+        if self.include_record_ids:
+            if record_ids is None or len(record_ids) != len(members):
+                raise ValueError("include_record_ids: record_ids must give one id per member")
+            rows = [[rid, *(m[s] for s in self.sensitive)] for rid, m in zip(record_ids, members, strict=True)]
+            rows.sort(key=lambda r: _id_key(r[0]))
+            body["members"] = rows
+        return EncodedMessage(ROLE_ANON, class_id.encode("ascii"), canonical_json(body))
+
+
+@dataclass(frozen=True)
+class PublicClass:
+    """A decoded class message."""
+
+    class_id: str
+    qi: dict[str, str]
+    k: int
+    l: int | None  # noqa: E741
+    size: int
+    loss: float | None
+    sensitive: tuple[str, ...]
+    counts: tuple[tuple[tuple[Any, ...], int], ...]
+    members: tuple[tuple[Any, ...], ...] | None = None
+
+    @property
+    def n_records(self) -> int:
+        return sum(n for _, n in self.counts)
+
+    def distinct_sensitive(self, attribute: str | None = None) -> int:
+        """Distinct values of one sensitive attribute (default the first) among the members."""
+        i = 0 if attribute is None else self.sensitive.index(attribute)
+        return len({t[i] for t, _ in self.counts})
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per record (class_id, QIs, sensitive values): the released-records table without ids."""
+        out: list[dict[str, Any]] = []
+        for values, n in self.counts:
+            row: dict[str, Any] = {"class_id": self.class_id, **self.qi}
+            row.update(zip(self.sensitive, values, strict=True))
+            out.extend(dict(row) for _ in range(n))
+        return out
+
+
+def _need(body: Mapping[str, Any], name: str, types: type | tuple[type, ...], *, nullable: bool = False) -> Any:
+    if name not in body:
+        raise ReleaseFormatError(f"field {name!r} missing")
+    v = body[name]
+    if v is None and nullable:
+        return None
+    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ReleaseFormatError(f"field {name!r}: expected {types}, got {v!r}")
+    if not isinstance(v, types):
+        raise ReleaseFormatError(f"field {name!r}: expected {types}, got {type(v).__name__}")
+    return v
+
+
+def _json_object(value: bytes | None, what: str) -> dict[str, Any]:
+    if value is None:
+        raise ReleaseFormatError(f"{what}: no value")
+    try:
+        body = json.loads(value)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ReleaseFormatError(f"{what}: not JSON ({str(e)[:200]})") from None
+    if not isinstance(body, dict):
+        raise ReleaseFormatError(f"{what}: not a JSON object")
+    if body.get("v") != FORMAT_VERSION:
+        raise ReleaseFormatError(f"{what}: version {body.get('v')!r}, expected {FORMAT_VERSION}")
+    return body
+
+
+def decode_class_message(value: bytes | None) -> PublicClass:
+    """Parse a class message strictly (raises :class:`ReleaseFormatError` naming the field)."""
+    body = _json_object(value, "class message")
+    qi = _need(body, "qi", dict)
+    if not all(isinstance(q, str) and isinstance(g, str) for q, g in qi.items()):
+        raise ReleaseFormatError("field 'qi': expected QI name -> generalized string")
+    sens = _need(body, "sensitive", list)
+    if not all(isinstance(s, str) for s in sens):
+        raise ReleaseFormatError("field 'sensitive': expected attribute names")
+    counts = []
+    for row in _need(body, "counts", list):
+        if not isinstance(row, list) or len(row) != len(sens) + 1 or isinstance(row[-1], bool) \
+                or not isinstance(row[-1], int) or row[-1] < 1:
+            raise ReleaseFormatError(f"field 'counts': row {row!r} is not [{', '.join(sens)}, count >= 1]")
+        counts.append((tuple(row[:-1]), int(row[-1])))
+    members = None
+    if "members" in body:
+        ms = _need(body, "members", list)
+        if not all(isinstance(m, list) and len(m) == len(sens) + 1 for m in ms):
+            raise ReleaseFormatError("field 'members': rows must be [record_id, sensitive values...]")
+        members = tuple(tuple(m) for m in ms)
+    loss = _need(body, "loss", (int, float), nullable=True)
+    cid = _need(body, "class", str)
+    return PublicClass(class_id=cid, qi=dict(qi), k=_need(body, "k", int), l=_need(body, "l", int, nullable=True),
+                       size=_need(body, "size", int), loss=None if loss is None else float(loss),
+                       sensitive=tuple(sens), counts=tuple(counts), members=members)
+
+
+# ---------------------------------------------------------------------------------------------- suppressed
+def suppressed_message(*, input_topic: str, partition: int, offsets: Sequence[int], record_ids: Sequence[Any],
+                       reason: str, detail: str | None = None) -> EncodedMessage:
+    """The internal record of a suppression: release id, reason, offsets and record ids (no QI values)."""
+    if reason not in SUPPRESSION_REASONS:
+        raise ValueError(f"suppression reason must be one of {list(SUPPRESSION_REASONS)}, got {reason!r}")
+    if not offsets or len(record_ids) != len(offsets):
+        raise ValueError("suppressed_message: needs one record id per offset, at least one offset")
+    order = sorted(range(len(offsets)), key=offsets.__getitem__)
+    offs = [int(offsets[i]) for i in order]
+    rid = release_id(input_topic, partition, offs[0])
+    body: dict[str, Any] = {"v": FORMAT_VERSION, "release": rid, "reason": reason, "topic": safe_text(input_topic),
+                            "partition": int(partition), "offsets": offs,
+                            "record_ids": [_safe_id(record_ids[i]) for i in order]}
+    if detail is not None:
+        body["detail"] = safe_text(detail)
+    return EncodedMessage(ROLE_SUPPRESSED, rid.encode("utf-8", "backslashreplace"), canonical_json(body))
+
+
+def _safe_id(rid: Any) -> Any:
+    return safe_text(rid) if isinstance(rid, str) else rid
+
+
+# ---------------------------------------------------------------------------------------------- dead letters
+def keyed_hash(secret: bytes, data: bytes) -> str:
+    """HMAC-SHA256 of ``data`` under ``secret``, hex (64 characters).  Keyed, so a reader without the secret
+    cannot confirm a guessed record by hashing it (low-entropy records are easy to enumerate)."""
+    return hmac.new(secret, data, hashlib.sha256).hexdigest()
+
+
+def dead_letter_message(*, input_topic: str, partition: int, offset: int, reason: str, field: str | None,
+                        error: str | None, value: bytes | None, key: bytes | None, secret: bytes,
+                        payload: str = "redacted", max_payload_bytes: int = 1_000_000) -> EncodedMessage:
+    """The internal dead-letter record of one rejected input message (see the module docstring).
+
+    Redacted (default): reason, field, value length, input topic/partition/offset and
+    ``value_hmac`` = HMAC-SHA256(secret, original value bytes) (``null`` for a message without value).
+    ``payload="raw"`` adds the validator's ``error``, ``value_b64`` (cut at ``max_payload_bytes``,
+    ``truncated`` then true) and ``key_b64``.  Never fails on odd text (lone surrogates, non-UTF-8 bytes).
+    """
+    if payload not in DLQ_PAYLOAD_MODES:
+        raise ValueError(f"dlq payload must be one of {list(DLQ_PAYLOAD_MODES)}, got {payload!r}")
+    rid = release_id(input_topic, partition, offset)
+    body: dict[str, Any] = {
+        "v": FORMAT_VERSION, "reason": safe_text(reason), "field": safe_text(field), "topic": safe_text(input_topic),
+        "partition": int(partition), "offset": int(offset), "value_length": None if value is None else len(value),
+        "value_hmac": None if value is None else keyed_hash(secret, value), "payload": payload,
+    }
+    if payload == "raw":
+        body["error"] = safe_text(error)
+        if value is not None:
+            cut = value[:max_payload_bytes]
+            body["value_b64"] = base64.b64encode(cut).decode("ascii")
+            body["truncated"] = len(cut) < len(value)
+        body["key_b64"] = None if key is None else base64.b64encode(key).decode("ascii")
+    return EncodedMessage(ROLE_DLQ, rid.encode("utf-8", "backslashreplace"), canonical_json(body))
+
+
+def decode_dead_letter(value: bytes | None) -> dict[str, Any]:
+    """Parse a dead-letter message (checks the fields every mode has; raises :class:`ReleaseFormatError`)."""
+    body = _json_object(value, "dead letter")
+    _need(body, "reason", str)
+    _need(body, "partition", int)
+    _need(body, "offset", int)
+    if body.get("payload") not in DLQ_PAYLOAD_MODES:
+        raise ReleaseFormatError(f"field 'payload': expected one of {list(DLQ_PAYLOAD_MODES)}")
+    return body
+
+
+def decode_suppressed(value: bytes | None) -> dict[str, Any]:
+    """Parse a suppressed message (raises :class:`ReleaseFormatError`)."""
+    body = _json_object(value, "suppressed message")
+    if _need(body, "reason", str) not in SUPPRESSION_REASONS:
+        raise ReleaseFormatError(f"field 'reason': expected one of {list(SUPPRESSION_REASONS)}")
+    offs = _need(body, "offsets", list)
+    ids = _need(body, "record_ids", list)
+    if not offs or len(offs) != len(ids) or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
+        raise ReleaseFormatError("fields 'offsets'/'record_ids': expected equal-length lists of offsets and ids")
+    return body
+
+
+# ---------------------------------------------------------------------------------------------- pseudonyms
+def canonical_id_bytes(record_id: Any) -> bytes:
+    """The bytes a record id is hashed as: its canonical JSON (``"abc"`` and ``12`` differ from ``"12"``);
+    lone surrogates are escaped, so every id a JSON decoder can produce is accepted."""
+    t = type(record_id)
+    if t is str:
+        return _encode_basestring_ascii(record_id).encode("ascii")  # what json.dumps(ensure_ascii=True) writes
+    if t is int:
+        return str(record_id).encode("ascii")
+    return json.dumps(record_id, ensure_ascii=True, separators=(",", ":"), sort_keys=True).encode("ascii")
+
+
+def record_pseudonym(secret: bytes, record_id: Any, hex_chars: int = PSEUDONYM_HEX_CHARS) -> str:
+    """``HMAC-SHA256(secret, canonical_id_bytes(record_id))``, hex, first ``hex_chars`` characters."""
+    return hmac.new(secret, canonical_id_bytes(record_id), hashlib.sha256).hexdigest()[:hex_chars]
+
+
+class Pseudonymizer:
+    """:func:`record_pseudonym` with the key schedule done once (the side paths call it per record)."""
+
+    def __init__(self, secret: bytes, hex_chars: int = PSEUDONYM_HEX_CHARS) -> None:
+        if not 16 <= hex_chars <= 64:
+            raise ValueError(f"pseudonym length: must be 16..64 hex characters, got {hex_chars}")
+        self._base = hmac.new(secret, digestmod=hashlib.sha256)
+        self.hex_chars = hex_chars
+
+    def __call__(self, record_id: Any) -> str:
+        h = self._base.copy()
+        h.update(canonical_id_bytes(record_id))
+        return h.hexdigest()[: self.hex_chars]
+
+    def __repr__(self) -> str:
+        return f"Pseudonymizer(hex_chars={self.hex_chars})"
