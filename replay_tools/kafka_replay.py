@@ -289,7 +289,6 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         bar = ProgressBar(total, label=f"replay -> {topic}", enabled=progress)
         limiter = RateLimiter(rate)
         start = time.perf_counter()
-        limiter.start = start
         send = producer.send
         for p, rec in _passes(records, loop, shuffle, rng):
             if limit is not None and sent >= limit:

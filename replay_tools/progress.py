@@ -58,9 +58,11 @@ class ProgressBar:
 class RateLimiter:
     """Pace events at ``rate`` per second (0 = no limit): event ``i`` is due at ``start + i / rate``.
 
-    Sleeps only when more than ``slack_s`` ahead of schedule, so at high rates it sends in small bursts
-    and the long-run rate stays exact; if the caller falls behind it does not try to catch up in a burst
-    beyond the schedule (the schedule is absolute, so the average rate is honoured).  ``clock`` and
+    ``start`` is the time of the first :meth:`wait` (event 0), so a source that is slow to produce its first
+    record (a lazy generator reading a file) does not make the limiter burst to catch up with a schedule that
+    started earlier.  Sleeps only when more than ``slack_s`` ahead of schedule, so at high rates it sends in
+    small bursts and the long-run rate stays exact; if the caller falls behind it does not try to catch up in
+    a burst beyond the schedule (the schedule is absolute, so the average rate is honoured).  ``clock`` and
     ``sleep`` are injectable (a fake clock in tests makes the schedule deterministic).
     """
 
@@ -72,15 +74,20 @@ class RateLimiter:
         self.slack_s = slack_s
         self.clock = clock
         self.sleep = sleep
-        self.start = clock()
+        self.start: float | None = None
 
     def due(self, index: int) -> float:
-        """The time (on ``clock``) at which event ``index`` (0-based) is due."""
+        """The time (on ``clock``) at which event ``index`` (0-based) is due; the schedule starts at the first wait."""
+        if self.start is None:
+            raise RuntimeError("RateLimiter.due: the schedule starts at the first wait()")
         return self.start + index / self.rate if self.rate > 0 else self.start
 
     def wait(self, index: int) -> None:
         """Block until event ``index`` (0-based) is due (at most ``slack_s`` early)."""
         if self.rate <= 0:
+            return
+        if self.start is None:
+            self.start = self.clock() - index / self.rate
             return
         ahead = self.due(index) - self.clock()
         if ahead > self.slack_s:

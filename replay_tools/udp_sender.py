@@ -162,7 +162,6 @@ def send_udp(records: Iterable[Mapping[str, Any]], host: str, port: int, rate: f
         else:
             encoded = (record_datagram(i, rec, stream) for i, rec in enumerate(itertools.islice(records, limit)))
         start = time.perf_counter()
-        limiter.start = start
         seq = 0
         try:
             for data in encoded:

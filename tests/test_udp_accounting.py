@@ -326,6 +326,7 @@ def test_cli_udp_with_an_unreadable_metrics_url_fails_before_sending() -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_udp_sender_with_one_line_and_an_eos_of_the_right_count(sig: signal.Signals) -> None:
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)  # hold all until we read them
     receiver.bind(("127.0.0.1", 0))
     receiver.settimeout(30)
     port = receiver.getsockname()[1]
