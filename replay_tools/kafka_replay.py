@@ -1,6 +1,7 @@
 """Replay ADULT (or any CSV with a schema, or synthetic records) into a Kafka topic at a given rate.
 
-Messages: value = the record as one compact JSON object (UTF-8), key = the record id (UTF-8).
+Messages: value = the record as one compact JSON object (UTF-8), key = the record id (UTF-8), read from
+the field ``id_field`` (the schema's ``record_id``; ``None`` = the records carry no id: no key).
 Record ids are deterministic: ADULT's are ``adult-00000``... (line order of the file); with
 ``loop=N`` pass ``i >= 1`` re-sends every record with the id suffixed ``#i`` (``adult-00000#1``),
 so ids stay unique across passes and pass 0 is byte-identical to a single replay.  ``shuffle``
@@ -10,6 +11,11 @@ pass; the same seed gives the same order); ids belong to the records, not to pos
 Rate control: record ``i`` is due at ``start + i/rate`` (``rate=0``: as fast as the producer
 goes; ~30k records/s with kafka-python on this machine).  The topic is created with ``partitions``
 partitions if it does not exist (KafkaAdminClient); an existing topic is used as it is.
+
+End of stream (``end_of_stream=True``, the command line's ``--flush``): once every record is
+acknowledged, the control message of the service (header ``stream-anon-control: flush``, empty value)
+is sent to every partition of the topic, so the service releases or suppresses what it still buffers.
+It goes out only after the records' acknowledgements, so it is behind every record in its partition.
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaConnectionError, KafkaTimeoutError, TopicAlreadyExistsError
 
+from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
 from replay_tools.progress import ProgressBar, RateLimiter
+from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +44,15 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "batch_size": 256 * 1024,
     "max_in_flight_requests_per_connection": 5,
 }
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
+
+class BrokerUnreachableError(RuntimeError):
+    """No Kafka broker answered at the bootstrap address within the connect timeout."""
+
+
+class ReplayInputError(ValueError):
+    """A record cannot be replayed as given (e.g. it lacks the record id field)."""
 
 
 @dataclass
@@ -51,18 +71,42 @@ class ReplayStats:
     first_id: str | None = None
     last_id: str | None = None
     partition_counts: dict[int, int] = field(default_factory=dict)
+    end_of_stream_partitions: list[int] = field(default_factory=list)  # partitions the flush marker reached
+    interrupted: str | None = None  # the signal that stopped the replay (SIGINT, SIGTERM), if any
+    flush_timed_out: bool = False  # the final producer flush did not finish in time
+    end_of_stream_cut: bool = False  # interrupted while sending the end-of-stream markers
 
     @property
     def rate_achieved(self) -> float:
         """Acknowledged records per second of wall time (including the final flush)."""
         return self.records_acked / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def unacknowledged(self) -> int:
+        """Records handed to the producer with neither an acknowledgement nor an error."""
+        return max(self.records_sent - self.records_acked - self.errors, 0)
+
     def summary(self) -> str:
         target = f"{self.target_rate:,.0f} rec/s" if self.target_rate > 0 else "as fast as possible"
         seed = f", shuffle seed {self.shuffle_seed}" if self.shuffle_seed is not None else ""
+        eos = (f"; end-of-stream flush sent to {len(self.end_of_stream_partitions)} partition(s)"
+               if self.end_of_stream_partitions else "")
+        late = f"; {self.unacknowledged:,} not acknowledged in time" if self.unacknowledged else ""
         return (f"replayed {self.records_acked:,} records ({self.records_sent:,} sent, {self.errors} errors) to "
                 f"{self.topic!r} ({self.partitions} partitions, {self.passes} pass(es){seed}) in {self.seconds:.2f} s: "
-                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}")
+                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}{eos}{late}")
+
+    def interrupted_summary(self) -> str:
+        """One line for a replay stopped by a signal."""
+        eos = ("end-of-stream flush cut short: some partitions may have no marker" if self.end_of_stream_cut
+               else "no end-of-stream flush sent")
+        return (f"replay interrupted by {self.interrupted}: {self.records_sent:,} records sent to {self.topic!r}, "
+                f"{self.records_acked:,} acknowledged by the broker, {self.errors} errors ({eos})")
+
+
+def encode_record(record: Mapping[str, Any]) -> bytes:
+    """The message value of a record: one compact JSON object, UTF-8 (non-ASCII characters kept as they are)."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def loop_record_id(record_id: str, pass_index: int) -> str:
@@ -70,16 +114,52 @@ def loop_record_id(record_id: str, pass_index: int) -> str:
     return record_id if pass_index == 0 else f"{record_id}#{pass_index}"
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, replication_factor: int = 1,
-                 client_config: Mapping[str, Any] | None = None, timeout_s: float = 15.0) -> int:
-    """Create ``topic`` with ``partitions`` partitions if missing; return its partition count."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+def _unreachable(bootstrap_servers: str, timeout_s: float, e: BaseException) -> BrokerUnreachableError:
+    return BrokerUnreachableError(f"no Kafka broker reachable at {bootstrap_servers} within {timeout_s:g} s "
+                                  f"({e})")
 
+
+def make_producer(bootstrap_servers: str, producer_config: Mapping[str, Any] | None = None, *,
+                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> KafkaProducer:
+    """A KafkaProducer with ``DEFAULT_PRODUCER_CONFIG`` updated by ``producer_config``;
+    :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``."""
+    config = {**DEFAULT_PRODUCER_CONFIG, "bootstrap_timeout_ms": int(connect_timeout_s * 1000),
+              **dict(producer_config or {})}
+    try:
+        return KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
+    except (KafkaTimeoutError, KafkaConnectionError) as e:
+        raise _unreachable(bootstrap_servers, connect_timeout_s, e) from None
+
+
+def _admin(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
+           connect_timeout_s: float) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(bootstrap_servers=bootstrap_servers,
+                                **{"bootstrap_timeout_ms": int(connect_timeout_s * 1000), **dict(client_config or {})})
+    except (KafkaTimeoutError, KafkaConnectionError) as e:
+        raise _unreachable(bootstrap_servers, connect_timeout_s, e) from None
+
+
+def topic_exists(bootstrap_servers: str, topic: str, *, client_config: Mapping[str, Any] | None = None,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> bool:
+    """Whether ``topic`` exists (:class:`BrokerUnreachableError` if no broker answers)."""
+    admin = _admin(bootstrap_servers, client_config, connect_timeout_s)
+    try:
+        return topic in set(admin.list_topics())
+    finally:
+        admin.close()
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, replication_factor: int = 1,
+                 client_config: Mapping[str, Any] | None = None, timeout_s: float = 15.0,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
+    """Create ``topic`` with ``partitions`` partitions if missing; return its partition count.
+
+    :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``.
+    """
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
         raise ValueError(f"partitions: expected an integer >= 1, got {partitions!r}")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **dict(client_config or {}))
+    admin = _admin(bootstrap_servers, client_config, connect_timeout_s)
     try:
         if topic not in set(admin.list_topics()):
             try:
@@ -103,6 +183,24 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, rep
         admin.close()
 
 
+def send_end_of_stream(producer: KafkaProducer, topic: str, *, timeout_s: float = 60.0) -> list[int]:
+    """Send the service's end-of-stream control message (header ``stream-anon-control: flush``, empty value,
+    no key) to every partition of ``topic``; return the partitions, once the broker acknowledged each.
+
+    Call it after the records were acknowledged (``producer.flush()``), so that the marker is behind every
+    record in its partition.  Raises ``KafkaTimeoutError`` if the markers are not acknowledged in time, or
+    the send's error.
+    """
+    parts = sorted(producer.partitions_for(topic) or ())
+    if not parts:
+        raise RuntimeError(f"topic {topic!r} has no partitions: no end-of-stream marker sent")
+    futures = [producer.send(topic, value=b"", partition=p, headers=[(CONTROL_HEADER, CONTROL_FLUSH)]) for p in parts]
+    producer.flush(timeout=timeout_s)
+    for f in futures:
+        f.get(timeout=timeout_s)
+    return parts
+
+
 def _passes(records: Iterable[Mapping[str, Any]], loop: int, shuffle: bool,
             rng: np.random.Generator | None) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """(pass index, record) for every pass; materializes the records only if several passes or a shuffle need it."""
@@ -123,17 +221,27 @@ def _passes(records: Iterable[Mapping[str, Any]], loop: int, shuffle: bool,
 
 def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_servers: str, rate: float = 0.0, *,
                    loop: int = 1, shuffle: bool = False, seed: int | None = None, partitions: int = 1,
-                   create_topic: bool = True, id_field: str = "id", limit: int | None = None,
+                   create_topic: bool = True, id_field: str | None = "id", limit: int | None = None,
                    progress: bool = False, total: int | None = None, producer: Any = None,
-                   producer_config: Mapping[str, Any] | None = None, flush_timeout_s: float = 60.0) -> ReplayStats:
+                   producer_config: Mapping[str, Any] | None = None, flush_timeout_s: float = 60.0,
+                   end_of_stream: bool = False, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                   interrupts: InterruptGuard | None = None, interrupt_flush_timeout_s: float = 5.0) -> ReplayStats:
     """Send ``records`` to ``topic`` (JSON value, key = ``record[id_field]``) at ``rate`` records/s (0 = max).
 
-    ``loop`` passes (ids suffixed ``#i`` on pass ``i >= 1``), optional ``shuffle`` with ``seed``
-    (``None``: a seed is drawn from OS entropy and reported in the stats), ``limit`` caps the records
-    sent in total (useful with an unbounded synthetic iterator).  ``producer`` may be an existing
-    KafkaProducer (not closed here); otherwise one is made with ``DEFAULT_PRODUCER_CONFIG`` updated by
-    ``producer_config`` (security options pass through to kafka-python).  Returns after a flush:
-    ``records_acked`` counts the broker's acknowledgements.
+    ``id_field``: the field holding the record id (the schema's ``record_id``); ``None``: the records carry
+    no id, they are sent without a key (and loop passes cannot suffix ids).  ``loop`` passes (ids suffixed
+    ``#i`` on pass ``i >= 1``), optional ``shuffle`` with ``seed`` (``None``: a seed is drawn from OS
+    entropy and reported in the stats), ``limit`` caps the records sent in total (useful with an unbounded
+    synthetic iterator).  ``producer`` may be an existing KafkaProducer (not closed here); otherwise one is
+    made with ``DEFAULT_PRODUCER_CONFIG`` updated by ``producer_config`` (security options pass through to
+    kafka-python).  Returns after a flush: ``records_acked`` counts the broker's acknowledgements.
+    ``end_of_stream``: then send the end-of-stream control message to every partition
+    (:func:`send_end_of_stream`).
+
+    Errors: :class:`BrokerUnreachableError` (no broker within ``connect_timeout_s``),
+    :class:`ReplayInputError` (a record without its id field).  A :class:`ReplayInterrupted` (raised by the
+    signal handlers of ``interrupts``, the command line's) stops the replay: what was handed to the producer is
+    flushed for at most ``interrupt_flush_timeout_s`` and the stats come back with ``interrupted`` set.
     """
     if not isinstance(loop, int) or isinstance(loop, bool) or loop < 1:
         raise ValueError(f"loop: expected an integer >= 1, got {loop!r}")
@@ -141,7 +249,8 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         raise ValueError(f"rate: expected records/s >= 0 (0 = as fast as possible), got {rate!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit: expected an integer >= 0, got {limit!r}")
-    from kafka import KafkaProducer
+    if loop > 1 and id_field is None:
+        raise ValueError("loop: passes after the first need a record id to suffix (id_field is None)")
 
     shuffle_seed: int | None = None
     rng = None
@@ -150,19 +259,11 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         rng = np.random.default_rng(shuffle_seed)
     client_config = {k: v for k, v in (producer_config or {}).items()
                      if k.startswith(("security_", "sasl_", "ssl_"))}
-    n_partitions = ensure_topic(bootstrap_servers, topic, partitions, client_config=client_config) \
-        if create_topic else partitions
-    own_producer = producer is None
-    if own_producer:
-        producer = KafkaProducer(bootstrap_servers=bootstrap_servers,
-                                 **{**DEFAULT_PRODUCER_CONFIG, **dict(producer_config or {})})
-    stats = ReplayStats(topic=topic, target_rate=float(rate), partitions=n_partitions, shuffle_seed=shuffle_seed)
+    stats = ReplayStats(topic=topic, target_rate=float(rate), partitions=partitions, shuffle_seed=shuffle_seed)
     if total is None and isinstance(records, Sequence):
         total = len(records) * loop
     if total is not None and limit is not None:
         total = min(total, limit)
-    bar = ProgressBar(total, label=f"replay -> {topic}", enabled=progress)
-    limiter = RateLimiter(rate)
     counts = stats.partition_counts
 
     def on_ok(md: Any) -> None:
@@ -174,40 +275,82 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         if stats.errors <= 5:
             log.error("produce to %r failed: %s", topic, exc)
 
+    own_producer = producer is None
+    bar: ProgressBar | None = None
     start = time.perf_counter()
-    limiter.start = start
     sent = 0
     last_pass = -1
     try:
+        if create_topic:
+            stats.partitions = ensure_topic(bootstrap_servers, topic, partitions, client_config=client_config,
+                                            connect_timeout_s=connect_timeout_s)
+        if own_producer:
+            producer = make_producer(bootstrap_servers, producer_config, connect_timeout_s=connect_timeout_s)
+        bar = ProgressBar(total, label=f"replay -> {topic}", enabled=progress)
+        limiter = RateLimiter(rate)
+        start = time.perf_counter()
+        send = producer.send
         for p, rec in _passes(records, loop, shuffle, rng):
             if limit is not None and sent >= limit:
                 break
             last_pass = p
-            rid = rec.get(id_field)
-            if rid is None:
-                raise ValueError(f"record #{sent} has no id field {id_field!r}: {dict(rec)!r}")
-            rid = loop_record_id(str(rid), p)
-            if p:
-                rec = {**rec, id_field: rid}
+            key: bytes | None = None
+            rid: str | None = None
+            if id_field is not None:
+                raw = rec.get(id_field)
+                if raw is None:
+                    raise ReplayInputError(f"record #{sent} has no record id field {id_field!r} (fields: "
+                                           f"{sorted(rec)}); the id field comes from the schema's record_id")
+                rid = loop_record_id(str(raw), p)
+                if p:
+                    rec = {**rec, id_field: rid}
+                key = rid.encode("utf-8")
             limiter.wait(sent)
-            value = json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-            producer.send(topic, key=rid.encode("utf-8"), value=value).add_callback(on_ok).add_errback(on_error)
-            if sent == 0:
+            value = encode_record(rec)
+            if interrupts is not None:
+                interrupts.deferring = True  # a signal now is raised after the send: the count stays exact
+            send(topic, key=key, value=value).add_callback(on_ok).add_errback(on_error)
+            sent += 1
+            if sent == 1:
                 stats.first_id = rid
             stats.last_id = rid
-            sent += 1
+            if interrupts is not None:
+                interrupts.deferring = False
+                interrupts.check()
             if sent & 255 == 0:
                 stats.records_sent = sent
                 bar.update(stats.records_acked if rate == 0 else sent)
-        producer.flush(timeout=flush_timeout_s)
+        try:
+            producer.flush(timeout=flush_timeout_s)
+        except KafkaTimeoutError:
+            stats.flush_timed_out = True
+            log.error("replay: %d records not acknowledged within %g s", sent - stats.records_acked - stats.errors,
+                      flush_timeout_s)
+        if end_of_stream and not stats.flush_timed_out:
+            stats.end_of_stream_cut = True  # until every marker is acknowledged
+            stats.end_of_stream_partitions = send_end_of_stream(producer, topic, timeout_s=flush_timeout_s)
+            stats.end_of_stream_cut = False
+    except ReplayInterrupted as e:
+        if interrupts is not None:
+            interrupts.deferring = False
+        stats.interrupted = e.signal_name
+        if producer is not None:
+            try:  # deliver what was handed over (bounded); a second signal skips it
+                producer.flush(timeout=interrupt_flush_timeout_s)
+            except (ReplayInterrupted, KafkaTimeoutError):
+                pass
     finally:
         stats.records_sent = sent
         stats.passes = last_pass + 1
         stats.seconds = time.perf_counter() - start
-        bar.update(sent)
-        bar.close()
-        if own_producer:
-            producer.close(timeout=10)
+        if bar is not None:
+            bar.update(sent)
+            bar.close()
+        if own_producer and producer is not None:
+            try:
+                producer.close(timeout=interrupt_flush_timeout_s if stats.interrupted else 10)
+            except ReplayInterrupted:
+                pass
     return stats
 
 
@@ -219,8 +362,6 @@ def read_topic(bootstrap_servers: str, topic: str, *, expected: int | None = Non
     position reached its ``highwater()`` and nothing arrived for ``idle_s`` (Tansu's ``end_offsets``
     is wrong, so highwater from the fetch responses is used), or at ``timeout_s``.
     """
-    from kafka import KafkaConsumer, TopicPartition
-
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, group_id=None,
                              auto_offset_reset="earliest", fetch_max_bytes=16 * 1024 * 1024)
     try:

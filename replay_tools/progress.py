@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -11,14 +12,16 @@ class ProgressBar:
     """``[#####.....]  12,345/32,561  38%  25,010 rec/s`` on one stderr line; ``total=None`` shows count and rate."""
 
     def __init__(self, total: int | None, *, label: str = "", width: int = 30, interval_s: float = 0.2,
-                 stream: TextIO | None = None, enabled: bool = True) -> None:
+                 stream: TextIO | None = None, enabled: bool = True,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.total = total
         self.label = label
         self.width = width
         self.interval_s = interval_s
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         self._last_draw = 0.0
         self.count = 0
 
@@ -26,7 +29,7 @@ class ProgressBar:
         self.count = count
         if not self.enabled:
             return
-        now = time.perf_counter()
+        now = self.clock()
         if now - self._last_draw >= self.interval_s:
             self._last_draw = now
             self._draw(now)
@@ -47,31 +50,45 @@ class ProgressBar:
 
     def close(self) -> None:
         if self.enabled:
-            self._draw(time.perf_counter())
+            self._draw(self.clock())
             self.stream.write("\n")
             self.stream.flush()
 
 
 class RateLimiter:
-    """Pace events at ``rate`` per second (0 = no limit): record ``i`` is due at ``start + i / rate``.
+    """Pace events at ``rate`` per second (0 = no limit): event ``i`` is due at ``start + i / rate``.
 
-    Sleeps only when more than ``slack_s`` ahead of schedule, so at high rates it sends in small bursts
-    and the long-run rate stays exact; if the caller falls behind it does not try to catch up in a burst
-    beyond the schedule (the schedule is absolute, so the average rate is honoured).
+    ``start`` is the time of the first :meth:`wait` (event 0), so a source that is slow to produce its first
+    record (a lazy generator reading a file) does not make the limiter burst to catch up with a schedule that
+    started earlier.  Sleeps only when more than ``slack_s`` ahead of schedule, so at high rates it sends in
+    small bursts and the long-run rate stays exact; if the caller falls behind it does not try to catch up in
+    a burst beyond the schedule (the schedule is absolute, so the average rate is honoured).  ``clock`` and
+    ``sleep`` are injectable (a fake clock in tests makes the schedule deterministic).
     """
 
-    def __init__(self, rate: float, *, slack_s: float = 0.002) -> None:
+    def __init__(self, rate: float, *, slack_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
         if rate < 0:
             raise ValueError(f"rate: expected records/s >= 0 (0 = as fast as possible), got {rate!r}")
         self.rate = float(rate)
         self.slack_s = slack_s
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.sleep = sleep
+        self.start: float | None = None
+
+    def due(self, index: int) -> float:
+        """The time (on ``clock``) at which event ``index`` (0-based) is due; the schedule starts at the first wait."""
+        if self.start is None:
+            raise RuntimeError("RateLimiter.due: the schedule starts at the first wait()")
+        return self.start + index / self.rate if self.rate > 0 else self.start
 
     def wait(self, index: int) -> None:
-        """Block until event ``index`` (0-based) is due."""
+        """Block until event ``index`` (0-based) is due (at most ``slack_s`` early)."""
         if self.rate <= 0:
             return
-        due = self.start + index / self.rate
-        ahead = due - time.perf_counter()
+        if self.start is None:
+            self.start = self.clock() - index / self.rate
+            return
+        ahead = self.due(index) - self.clock()
         if ahead > self.slack_s:
-            time.sleep(ahead)
+            self.sleep(ahead)

@@ -19,8 +19,10 @@ record by record over UDP to the anonymizer.  Datagram format (one UTF-8 JSON ob
 * A datagram must fit in 65,507 bytes (the IPv4 UDP payload limit); an ADULT record is ~330 bytes.
 
 UDP is lossy (no retransmission, no back-pressure): if the receiver's socket buffer fills up the
-kernel drops datagrams silently.  The bridge (``stream-anon udp-bridge``) counts the gaps by
-sequence number; see docs/replay.md for the measured loss on loopback.
+kernel drops datagrams silently, so the sender knows only what it sent, never what was lost.  The
+bridge (``stream-anon udp-bridge``) counts the gaps by sequence number (its report, and the metric
+``stream_anon_udp_gaps_total``; ``replay_tools.bridge_metrics`` reads them); see docs/replay.md for
+the measured loss on loopback.
 
 Test hooks (deterministic): ``drop_seqs`` are never sent (a simulated loss), ``duplicate_seqs`` are
 sent twice, ``delay_seqs={s: d}`` sends seq ``s`` right after seq ``s + d`` (reordering).
@@ -37,6 +39,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
 from replay_tools.progress import ProgressBar, RateLimiter
 
 MAX_DATAGRAM_BYTES = 65_507
@@ -44,7 +47,10 @@ MAX_DATAGRAM_BYTES = 65_507
 
 @dataclass
 class UdpSendStats:
-    """What the sender did. ``records`` = sequence numbers assigned (= EOS ``count``), including hook drops."""
+    """What the sender did. ``records`` = sequence numbers assigned (= EOS ``count``), including hook drops.
+
+    The sender cannot know how many datagrams the network lost: that is the bridge's gap count.
+    """
 
     stream: str
     records: int = 0
@@ -55,18 +61,34 @@ class UdpSendStats:
     send_errors: int = 0
     seconds: float = 0.0  # sending the records (EOS pauses excluded)
     target_rate: float = 0.0
+    interrupted: str | None = None  # the signal that stopped the sender (SIGINT, SIGTERM), if any
 
     @property
     def rate_achieved(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
+        """What the sender knows: records and datagrams sent.  It says where the loss is counted instead
+        of a loss figure (UDP drops silently: a sender-side "0 dropped" would be false)."""
         target = f"{self.target_rate:,.0f} rec/s" if self.target_rate > 0 else "as fast as possible"
-        return (f"UDP stream {self.stream!r}: {self.records:,} records, {self.datagrams_sent:,} datagrams "
-                f"({self.dropped_by_hook} dropped / {self.duplicated_by_hook} duplicated by test hooks, "
-                f"{self.eos_sent} EOS, {self.send_errors} send errors) in {self.seconds:.2f} s: "
-                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}"
-                + (" (send errors: is a receiver listening on the target?)" if self.send_errors else ""))
+        hooks = ""
+        if self.dropped_by_hook or self.duplicated_by_hook:
+            hooks = (f"; test hooks: {self.dropped_by_hook} sequence numbers not sent, "
+                     f"{self.duplicated_by_hook} sent twice")
+        errors = (f"; {self.send_errors} send errors (is a receiver listening on the target?)"
+                  if self.send_errors else "")
+        return (f"UDP stream {self.stream!r}: {self.records:,} records, {self.datagrams_sent:,} datagrams sent "
+                f"(including {self.eos_sent} end-of-stream copies) in {self.seconds:.2f} s: "
+                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}{hooks}{errors}. "
+                "Lost datagrams are invisible to the sender: the bridge counts them (gaps in its report, "
+                "stream_anon_udp_gaps_total; give --bridge-metrics URL to print them here)")
+
+    def interrupted_summary(self) -> str:
+        """One line for a sender stopped by a signal."""
+        eos = (f"end-of-stream (count {self.records:,}) sent {self.eos_sent}x" if self.eos_sent
+               else "no end-of-stream sent")
+        return (f"UDP sender interrupted by {self.interrupted}: {self.records:,} records, {self.datagrams_sent:,} "
+                f"datagrams sent on stream {self.stream!r}; {eos}")
 
 
 def record_datagram(seq: int, record: Mapping[str, Any], stream: str = "") -> bytes:
@@ -93,13 +115,17 @@ def send_udp(records: Iterable[Mapping[str, Any]], host: str, port: int, rate: f
              stream_id: str | None = None, limit: int | None = None, eos: bool = True, eos_repeats: int = 5,
              eos_interval_s: float = 0.01, drop_seqs: Collection[int] = (), duplicate_seqs: Collection[int] = (),
              delay_seqs: Mapping[int, int] | None = None, progress: bool = False, total: int | None = None,
-             preencode: bool = False, sndbuf_bytes: int = 4 * 1024 * 1024) -> UdpSendStats:
+             preencode: bool = False, sndbuf_bytes: int = 4 * 1024 * 1024,
+             interrupts: InterruptGuard | None = None) -> UdpSendStats:
     """Send ``records`` to ``host:port``, one per datagram, at ``rate`` records/s (0 = as fast as possible).
 
     ``preencode`` encodes every datagram before the clock starts (the loss benchmark uses it, so the
     sender's JSON encoding does not cap the rate; it holds all datagrams in memory).
     Returns the sender's accounting; the receiver's is the bridge report.  See the module docstring
-    for the datagram format and the test hooks.
+    for the datagram format and the test hooks.  A :class:`ReplayInterrupted` (the signal handlers of
+    ``interrupts``) stops the records; the EOS datagram (``count`` = the records sent so far) still goes out
+    so that the bridge closes the stream with the right count (a second signal skips it), and the stats
+    come back with ``interrupted`` set.
     """
     if rate < 0:
         raise ValueError(f"rate: expected records/s >= 0 (0 = as fast as possible), got {rate!r}")
@@ -136,38 +162,57 @@ def send_udp(records: Iterable[Mapping[str, Any]], host: str, port: int, rate: f
         else:
             encoded = (record_datagram(i, rec, stream) for i, rec in enumerate(itertools.islice(records, limit)))
         start = time.perf_counter()
-        limiter.start = start
         seq = 0
-        for data in encoded:
-            limiter.wait(seq)
-            if seq in drop:
-                stats.dropped_by_hook += 1
-            elif seq in delays:
-                held.setdefault(seq + delays[seq], []).append(data)
-            else:
-                emit(data)
-                if seq in dup:
+        try:
+            for data in encoded:
+                limiter.wait(seq)
+                if interrupts is not None:
+                    interrupts.deferring = True  # one sequence number is sent whole or not at all
+                if seq in drop:
+                    stats.dropped_by_hook += 1
+                elif seq in delays:
+                    held.setdefault(seq + delays[seq], []).append(data)
+                else:
                     emit(data)
-                    stats.duplicated_by_hook += 1
-            for late in held.pop(seq, ()):
-                emit(late)
-            seq += 1
-            if seq & 255 == 0:
-                bar.update(seq)
-        for s in sorted(held):  # delays past the end: send before EOS
-            for late in held[s]:
-                emit(late)
+                    if seq in dup:
+                        emit(data)
+                        stats.duplicated_by_hook += 1
+                for late in held.pop(seq, ()):
+                    emit(late)
+                seq += 1
+                if interrupts is not None:
+                    interrupts.deferring = False
+                    interrupts.check()
+                if seq & 255 == 0:
+                    bar.update(seq)
+            for s in sorted(held):  # delays past the end: send before EOS
+                for late in held[s]:
+                    emit(late)
+        except ReplayInterrupted as e:
+            if interrupts is not None:
+                interrupts.deferring = False
+            stats.interrupted = e.signal_name
         stats.records = seq
         stats.seconds = time.perf_counter() - start  # the records' send time (EOS pauses excluded)
         bar.update(seq)
         bar.close()
         if eos:
             data = eos_datagram(seq, stream)
-            for i in range(eos_repeats):
-                if i:
-                    time.sleep(min(eos_interval_s * 4 ** (i - 1), 1.0))
-                emit(data)
-                stats.eos_sent += 1
+            try:
+                for i in range(eos_repeats):
+                    if i:
+                        time.sleep(min(eos_interval_s * 4 ** (i - 1), 1.0))
+                    try:
+                        send(data)
+                    except OSError:  # refused after a first copy: the receiver left (--exit-on-eos); stop
+                        if stats.eos_sent:
+                            break
+                        stats.send_errors += 1
+                        continue
+                    stats.datagrams_sent += 1
+                    stats.eos_sent += 1
+            except ReplayInterrupted as e:
+                stats.interrupted = stats.interrupted or e.signal_name
     finally:
         sock.close()
     return stats

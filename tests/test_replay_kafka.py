@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
+from replay_support import write_clinic
 
 from replay_tools.kafka_replay import ensure_topic, read_topic, replay_records
 from stream_anon.core.datasets import iter_adult_records
+from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
 
 pytestmark = pytest.mark.integration
 
@@ -56,10 +65,11 @@ def test_replay_rate_control_is_honoured(broker, adult_records) -> None:
     rate, n = 5000.0, 2500
     stats = replay_records(adult_records[:n], topic, broker.bootstrap_servers, rate=rate)
     assert stats.records_acked == n
-    # record n-1 is due at (n-1)/rate = 0.4998 s: the replay cannot be faster than the schedule allows
+    # record n-1 is due at (n-1)/rate = 0.4998 s: the replay cannot be faster than the schedule allows, on any
+    # machine (a slow one only makes it slower; the schedule itself is tested with a fake clock in
+    # test_replay_units.py)
     assert stats.seconds >= (n - 1) / rate - 0.005
-    # loose band on the slow side (shared CI machine; includes the final flush)
-    assert 0.6 * rate <= stats.rate_achieved <= 1.02 * rate, stats.summary()
+    assert stats.rate_achieved <= 1.02 * rate, stats.summary()
     print(f"\nreplay at target {rate:,.0f} rec/s: achieved {stats.rate_achieved:,.0f} rec/s")
 
 
@@ -99,5 +109,160 @@ def test_cli_kafka_replays_and_prints_the_rate(broker, adult_path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "replayed 700 records" in proc.stdout and "rec/s achieved" in proc.stdout and "2 partitions" in proc.stdout
-    got = read_topic(broker.bootstrap_servers, topic, expected=700)
-    assert sorted(k.decode() for _, _, k, _ in got) == [f"adult-{i:05d}" for i in range(700)]
+    got = read_topic(broker.bootstrap_servers, topic, expected=702)  # + one end-of-stream marker per partition
+    assert sorted(k.decode() for _, _, k, v in got if v) == [f"adult-{i:05d}" for i in range(700)]
+    assert sorted(p for p, _, k, v in got if not v and not k) == [0, 1]
+
+
+def _messages(bootstrap: str, topic: str, *, idle_s: float = 1.0, timeout_s: float = 30.0) -> list[Any]:
+    """Every message of ``topic`` with its headers, read from the beginning up to every partition's highwater."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+    try:
+        deadline = time.monotonic() + timeout_s
+        parts = consumer.partitions_for_topic(topic)
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.1)
+            parts = consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(parts or ())]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=200)
+            for msgs in batch.values():
+                out.extend(msgs)
+            if batch:
+                last = time.monotonic()
+            hw = [consumer.highwater(tp) for tp in tps]
+            if all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, hw, strict=True)) \
+                    and time.monotonic() - last >= idle_s:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def _is_flush_marker(m: Any) -> bool:
+    return (CONTROL_HEADER, CONTROL_FLUSH) in list(m.headers or ()) and not m.value and m.key is None
+
+
+def test_cli_flush_ends_every_partition_with_one_marker_after_the_records(broker, adult_path) -> None:
+    topic = _topic("flush")
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path), "--limit", "600",
+                           "--topic", topic, "--bootstrap-servers", broker.bootstrap_servers, "--partitions", "3",
+                           "--no-progress"], capture_output=True, text=True, timeout=60)  # --flush is the default
+    assert proc.returncode == 0, proc.stderr
+    assert "end-of-stream flush sent to 3 partition(s)" in proc.stdout
+    msgs = _messages(broker.bootstrap_servers, topic)
+    assert len(msgs) == 603
+    for p in range(3):
+        part = sorted((m for m in msgs if m.partition == p), key=lambda m: m.offset)
+        assert _is_flush_marker(part[-1])  # the marker is the last message: behind every record
+        assert not any(_is_flush_marker(m) for m in part[:-1])
+    # --no-flush: records only; then the stand-alone `flush` command adds the markers (e.g. after a UDP stream)
+    other = _topic("noflush")
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path), "--limit", "50",
+                           "--topic", other, "--bootstrap-servers", broker.bootstrap_servers, "--partitions", "2",
+                           "--no-flush", "--no-progress"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "end-of-stream" not in proc.stdout
+    assert not any(_is_flush_marker(m) for m in _messages(broker.bootstrap_servers, other))
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "flush", "--topic", other, "--bootstrap-servers",
+                           broker.bootstrap_servers], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "acknowledged on 2 partition(s)" in proc.stdout
+    markers = [m for m in _messages(broker.bootstrap_servers, other) if _is_flush_marker(m)]
+    assert sorted(m.partition for m in markers) == [0, 1]
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "flush", "--topic", _topic("absent"),
+                           "--bootstrap-servers", broker.bootstrap_servers], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_kafka_replay_with_one_line(broker, sig: signal.Signals) -> None:
+    topic = _topic("signal")
+    proc = subprocess.Popen([sys.executable, "-m", "replay_tools", "kafka", "--synthetic", "0", "--seed", "1",
+                             "--rate", "500", "--topic", topic, "--bootstrap-servers", broker.bootstrap_servers,
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        read_topic(broker.bootstrap_servers, topic, expected=50, timeout_s=60)  # the event: records arriving
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig
+    assert out == "" and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[0].startswith("replaying synthetic"), err
+    m = re.fullmatch(rf"replay interrupted by {sig.name}: ([\d,]+) records sent to '{re.escape(topic)}', ([\d,]+) "
+                     r"acknowledged by the broker, 0 errors \(no end-of-stream flush sent\)", lines[1])
+    assert m, lines[1]
+    sent, acked = (int(m.group(i).replace(",", "")) for i in (1, 2))
+    assert 50 <= acked <= sent
+    got = _messages(broker.bootstrap_servers, topic)
+    assert acked <= len(got) <= sent  # acknowledged records are in the topic; never more than were sent
+    assert not any(_is_flush_marker(m) for m in got)  # an interrupted replay is not an end of stream
+
+
+@pytest.fixture
+def clinic_service(broker, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`stream-anon run` on a custom schema whose record id field is `patient_ref` (k=3, delta=100, 2 partitions)."""
+    csv_path, schema_path = write_clinic(tmp_path, n=40)
+    prefix = f"clinic{uuid.uuid4().hex[:6]}"
+    topics = {"input": f"{prefix}.raw", "anon": f"{prefix}.anon", "suppressed": f"{prefix}.suppressed",
+              "dlq": f"{prefix}.dlq"}
+    log_path = tmp_path / "service.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_anon", "run", "--bootstrap-servers", broker.bootstrap_servers,
+             "--schema", str(schema_path), "--input-topic", topics["input"], "--group-id", f"{prefix}-main",
+             "--partitions", "2", "--k", "3", "--delta", "100", "--seed", "1", "--no-side-paths",
+             "--metrics-port", "0", "--set", f"topics.anon={topics['anon']}",
+             "--set", f"topics.suppressed={topics['suppressed']}", "--set", f"topics.dlq={topics['dlq']}",
+             "--set", "kafka.session_timeout_ms=6000"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "main path: consuming" not in log_path.read_text(errors="replace"):  # the service is subscribed
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.1)
+        yield {"csv": csv_path, "schema": schema_path, "topics": topics, "proc": proc, "log": log_path}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_custom_schema_csv_goes_through_the_service_and_the_flush_releases_it_all(broker, clinic_service) -> None:
+    """The record id field is `patient_ref`: nothing dead-lettered, every record released or suppressed once.
+    40 records < delta = 100: without the end-of-stream flush nothing would be released yet."""
+    topics = clinic_service["topics"]
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--csv", str(clinic_service["csv"]),
+                           "--schema", str(clinic_service["schema"]), "--topic", topics["input"],
+                           "--bootstrap-servers", broker.bootstrap_servers, "--no-progress"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "key: record id field 'patient_ref'" in proc.stderr and "replayed 40 records" in proc.stdout
+    inputs = [m for m in _messages(broker.bootstrap_servers, topics["input"]) if not _is_flush_marker(m)]
+    assert sorted(m.key.decode() for m in inputs) == [f"P{i:04d}" for i in range(40)]  # keyed by patient_ref
+    accounted: dict[str, str] = {}
+    deadline = time.monotonic() + 90
+    while len(accounted) < 40:
+        assert time.monotonic() < deadline and clinic_service["proc"].poll() is None, \
+            (accounted, clinic_service["log"].read_text(errors="replace")[-3000:])
+        accounted = {}
+        for role in ("anon", "suppressed"):
+            for m in _messages(broker.bootstrap_servers, topics[role], idle_s=0.3):
+                body = json.loads(m.value)
+                assert role != "anon" or body["size"] >= 3  # k = 3
+                for r in body["records"]:
+                    assert r["record_id"] not in accounted  # exactly once
+                    accounted[r["record_id"]] = role
+    assert sorted(accounted) == [f"P{i:04d}" for i in range(40)]
+    assert list(accounted.values()).count("anon") >= 30
+    assert _messages(broker.bootstrap_servers, topics["dlq"], idle_s=0.3) == []  # nothing dead-lettered

@@ -18,11 +18,28 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from replay_tools.synthetic import SyntheticGenerator
 from stream_anon.cli import main as cli_main
+from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.schema import adult_schema
-from stream_anon.report.analysis import class_sizes, generalization_levels
+from stream_anon.privacy import KRandomizedResponse
+from stream_anon.report import plots
+from stream_anon.report.analysis import (
+    class_sizes,
+    generalization_levels,
+    project_onto_simplex,
+    quantiles,
+    total_variation,
+)
+from stream_anon.report.extras import compute_ldp_curves
 from stream_anon.report.html import write_report
-from stream_anon.report.rundir import RunDirError, load_run_dir, released_frame, write_run_dir
+from stream_anon.report.rundir import (
+    LDP_CURVES_FILE,
+    RunDirError,
+    load_run_dir,
+    released_frame,
+    write_run_dir,
+)
 
 K, DELTA, N_RECORDS = 5, 300, 3000
 IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
@@ -117,7 +134,10 @@ def test_report_numbers_match_the_run(full_run: dict[str, Any]) -> None:
     assert run.delays_arrivals is not None and run.delta == DELTA
     assert np.nanmax(run.delays_arrivals) <= DELTA
     p50 = float(np.quantile(run.delays_arrivals, 0.5))
-    assert f"<th>arrivals p50</th><td class=\"num\">{p50:,.4g}</td>" in full_run["html"]
+    n = len(run.delays_arrivals)
+    assert (f'<th>arrivals</th><td>released records</td><td class="num">{n:,}</td><td class="num">{p50:,.4g}</td>'
+            in full_run["html"])
+    assert "SYNTHETIC" not in full_run["html"]  # real data: no banner
 
 
 def test_generalization_levels_follow_the_loss_formulas() -> None:
@@ -214,3 +234,125 @@ def test_scaleout_partitioner_and_loss_per_partition(adult_path: Path) -> None:
     # splitting one delta between partitions shrinks every buffer and raises it: by more than partitioning
     # alone moves it (full ADULT, k=10: 0.291 / 0.288 / 0.328 for P=1 / P=2 same delta / P=2 half; docs/deploy.md)
     assert half["gt_loss"] - same["gt_loss"] > abs(same["gt_loss"] - one["gt_loss"])
+
+
+# ----------------------------------------------------------------------------- a small synthetic run directory
+SYN_N, SYN_K, SYN_DELTA = 1500, 5, 200
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A run directory built here from synthetic records: the engine's releases, a demo-like summary.json with
+    ``"synthetic": true`` and a ``delay_arrivals`` over released + suppressed records (the demo's population),
+    and ldp_curves.json computed on the synthetic columns plus one curve in the old unprojected form."""
+    run_dir = tmp_path_factory.mktemp("synthetic-run")
+    schema = adult_schema()
+    gen = SyntheticGenerator(schema=schema, rng=5)
+    engine = Engine(schema, EngineConfig(k=SYN_K, delta=SYN_DELTA, beta=50, mu=100, seed=0))
+    releases = []
+    for rec in gen.records(SYN_N):
+        releases.extend(engine.push(rec))
+    releases.extend(engine.flush())
+    released = [d for r in releases if r.kind == "class" for d in r.delays]
+    suppressed = [d for r in releases if r.kind == "suppressed" for d in r.delays]
+    assert suppressed, "the fixture needs suppressed records to tell the two delay populations apart"
+    both = np.asarray(released + suppressed, dtype=float)
+    summary = {"data_source": "SYNTHETIC ADULT-shaped records (1,500)", "synthetic": True, "records_in": SYN_N,
+               "records_released": len(released), "records_suppressed": len(suppressed),
+               "parameters": {"k": SYN_K, "delta": SYN_DELTA},
+               "delay_arrivals": {"p50": float(np.percentile(both, 50)), "p99": float(np.percentile(both, 99)),
+                                  "max": float(both.max()), "mean": float(both.mean())},
+               "k_anonymity": {"verified": True, "violations": [], "classes": 0},
+               "side_paths": {f"setting_{i}": i for i in range(150)}}  # many raw entries, as a demo's summary has
+    write_run_dir(run_dir, summary=summary, releases=releases, schema=schema, delay_bound=SYN_DELTA)
+    columns = pd.DataFrame(SyntheticGenerator(schema=schema, rng=6).columns(3000))
+    curves = compute_ldp_curves(columns, schema, epsilons=(0.1, 0.5, 2.0), repetitions=3, seed=1)
+    old = dict(curves[0], mechanism="old unprojected k-RR", projection=None,
+               points=[{"epsilon": 0.1, "error": 13.1, "error_std": 2.0}, {"epsilon": 2.0, "error": 0.2}])
+    (run_dir / LDP_CURVES_FILE).write_text(json.dumps([*curves, old]))
+    out = write_report(run_dir)
+    return {"dir": run_dir, "html": out.read_text(encoding="utf-8"), "released_delays": released,
+            "summary": summary, "columns": columns}
+
+
+def test_every_plotted_total_variation_is_in_0_1(synthetic_run: dict[str, Any]) -> None:
+    run = load_run_dir(synthetic_run["dir"])
+    assert run.ldp_curves is not None
+    series = plots.ldp_series(run.ldp_curves)
+    tv = [s for s in series if s.metric == "total variation distance"]
+    assert len(tv) >= 3  # k-RR, the substitutions (and the discretized bounded Laplace when built)
+    for s in tv:
+        for arr in (s.error, s.lower, s.upper):
+            assert arr is not None and np.all((arr >= 0) & (arr <= 1)), (s.label, arr)
+    assert "old unprojected k-RR" not in {s.label.split(" (")[0] for s in series}  # TV 13.1: left out, and said so
+    html = synthetic_run["html"]
+    assert "Not plotted: old unprojected k-RR" in html and "projected onto the probability simplex" in html
+    assert 'alt="epsilon vs error"' in html
+
+
+def test_the_projection_is_what_bounds_tv(synthetic_run: dict[str, Any]) -> None:
+    """Power: at eps = 0.1 on 3,000 records the raw unbiased estimate is far from a distribution (TV > 1);
+    its projection is a distribution and its TV is <= 1."""
+    schema = adult_schema()
+    cats = list(schema["education"].domain_values)
+    values = synthetic_run["columns"]["education"].to_numpy()
+    true = np.array([np.sum(values == c) for c in cats], dtype=float) / len(values)
+    mech = KRandomizedResponse(epsilon=0.1, categories=cats, rng=np.random.default_rng(3))
+    est = mech.estimate_counts(mech.randomise_many(values)).frequencies
+    assert est.min() < 0 and total_variation(est, true) > 1  # what the old report plotted
+    p = project_onto_simplex(est)
+    assert p.min() >= 0 and p.sum() == pytest.approx(1.0) and 0 <= total_variation(p, true) <= 1
+
+
+def test_project_onto_simplex_is_the_euclidean_projection() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        v = rng.normal(0.1, 1.0, size=int(rng.integers(1, 30)))
+        p = project_onto_simplex(v)
+        assert np.all(p >= 0) and p.sum() == pytest.approx(1.0)
+        # KKT conditions of min ||p - v||^2 s.t. p >= 0, sum p = 1: v - p equals one theta on the support,
+        # and v <= theta off it
+        theta = (v - p)[p > 0]
+        assert np.ptp(theta) < 1e-9
+        assert np.all(v[p == 0] <= theta[0] + 1e-9)
+    dist = np.array([0.2, 0.3, 0.5])
+    np.testing.assert_allclose(project_onto_simplex(dist), dist)  # a distribution is its own projection
+    np.testing.assert_allclose(project_onto_simplex(np.array([2.0, 0.0])), [1.0, 0.0])
+    np.testing.assert_allclose(project_onto_simplex(np.array([0.5, 0.5, -3.0])), [0.5, 0.5, 0.0])
+    with pytest.raises(ValueError, match="finite"):
+        project_onto_simplex(np.array([np.nan, 1.0]))
+
+
+def test_summary_and_plots_come_first_raw_tables_last_and_collapsed(synthetic_run: dict[str, Any]) -> None:
+    html = synthetic_run["html"]
+    first_img = html.index("<img ")
+    before = html[:first_img]
+    assert before.count("<tr>") <= 25  # a short summary, not ~200 rows of flattened JSON
+    assert "summary.json</code>, flattened" in html and "side_paths.setting_149" in html
+    details = html.index("<details>")
+    assert details > html.rindex("<img ")  # the raw table comes after every plot
+    assert html.index("side_paths.setting_0") > details and html.index("</details>") > html.index("setting_149")
+    assert html.index('<h2 id="raw">') > html.index('<h2 id="side">')  # the last section
+
+
+def test_synthetic_banner_is_the_first_thing_on_the_page(synthetic_run: dict[str, Any]) -> None:
+    html = synthetic_run["html"]
+    assert "<title>[SYNTHETIC] stream-anon report" in html
+    banner = html.index('<div class="banner" id="synthetic">SYNTHETIC DATA (SYNTHETIC ADULT-shaped records (1,500))')
+    assert banner < html.index("<h2") and banner < html.index("<img ")
+    assert banner - html.index("<h1>") < 200  # right under the title
+
+
+def test_delay_p50_is_labelled_with_its_population(synthetic_run: dict[str, Any]) -> None:
+    """The report's delay rows are over the released records; the run's summary.json figure (the demo: released
+    + suppressed) is shown beside it with its population, so two different p50 are never unlabelled."""
+    html = synthetic_run["html"]
+    released = np.asarray(synthetic_run["released_delays"], dtype=float)
+    p50 = quantiles(released)["p50"]
+    assert (f'<th>arrivals</th><td>released records</td><td class="num">{released.size:,}</td>'
+            f'<td class="num">{p50:,.4g}</td>') in html
+    theirs = synthetic_run["summary"]["delay_arrivals"]["p50"]
+    assert theirs != p50  # the suppressed records move the median: the populations matter
+    assert ("<th>arrivals (summary.json delay_arrivals)</th><td>released + suppressed records (the demo&#x27;s "
+            f'summary)</td><td class="num">-</td><td class="num">{theirs:,.4g}</td>') in html
+    assert "release delay p50 / p99 (arrivals, released records)" in html  # the key figure at the top, labelled

@@ -1,18 +1,33 @@
-"""UDP bridge logic without sockets or Kafka: sequence accounting, malformed datagrams, streams, metrics."""
+"""UDP bridge logic without Kafka: sequence accounting, malformed datagrams, streams, metrics; the sender's
+summary (what it can know) and the loss measured by the bridge, read from its metrics endpoint (loopback)."""
 
 from __future__ import annotations
 
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from replay_tools.udp_sender import eos_datagram, record_datagram
+from replay_tools.bridge_metrics import (
+    BridgeCounters,
+    BridgeMetricsError,
+    metrics_url,
+    parse_bridge_counters,
+    scrape_bridge_counters,
+    wait_for_stream_loss,
+)
+from replay_tools.udp_sender import UdpSendStats, eos_datagram, record_datagram, send_udp
 from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.udp_bridge import SequenceTracker, UdpBridge, parse_listen
+from stream_anon.service.udp_bridge import NullSink, SequenceTracker, UdpBridge, free_udp_port, parse_listen
 
 
 class ListSink:
@@ -201,3 +216,149 @@ def test_parse_listen() -> None:
 def test_record_datagram_rejects_oversized_records() -> None:
     with pytest.raises(ValueError, match="65507"):
         record_datagram(0, {"id": "big", "blob": "x" * 70_000})
+
+
+# ------------------------------------------------------------------------------------------ the sender's view
+def test_sender_summary_never_claims_a_loss_figure_it_cannot_know() -> None:
+    s = UdpSendStats(stream="s1", records=32_561, datagrams_sent=32_566, eos_sent=5, seconds=1.5)
+    text = s.summary()
+    assert "dropped" not in text and "0 lost" not in text  # the old "0 dropped" read as a loss count
+    assert "32,561 records, 32,566 datagrams sent (including 5 end-of-stream copies)" in text
+    assert "invisible to the sender" in text and "stream_anon_udp_gaps_total" in text and "--bridge-metrics" in text
+    hooks = UdpSendStats(stream="s1", records=10, datagrams_sent=9, dropped_by_hook=2, duplicated_by_hook=1)
+    assert "test hooks: 2 sequence numbers not sent, 1 sent twice" in hooks.summary()
+
+
+def test_bridge_counters_are_parsed_from_the_exposition_format() -> None:
+    metrics = ServiceMetrics(CollectorRegistry())
+    metrics.udp_datagrams_received.inc(12)
+    metrics.udp_records_forwarded.inc(9)
+    metrics.udp_gaps.inc(3)
+    metrics.udp_duplicates.inc(1)
+    text = generate_latest(metrics.registry).decode()
+    assert parse_bridge_counters(text) == BridgeCounters(received=12, forwarded=9, gaps=3, duplicates=1, malformed=0)
+    with pytest.raises(BridgeMetricsError, match="stream_anon_udp_gaps_total"):
+        parse_bridge_counters("# HELP x y\n# TYPE x counter\nx_total 1.0\n", source="http://h:1/metrics")
+    assert metrics_url("127.0.0.1:9466") == "http://127.0.0.1:9466/metrics"
+    assert metrics_url("http://h:1/") == "http://h:1/metrics" and metrics_url("http://h:1/m") == "http://h:1/m"
+
+
+def test_wait_for_stream_loss_stops_when_the_bridge_accounted_for_every_record_or_at_the_deadline() -> None:
+    before = BridgeCounters(received=100, forwarded=90, gaps=10, duplicates=0, malformed=0)
+    scrapes = iter([BridgeCounters(150, 130, 10, 0, 0), BridgeCounters(200, 180, 12, 1, 0),
+                    BridgeCounters(205, 185, 15, 1, 0)])
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    loss = wait_for_stream_loss("h:1", before, 100, scrape=lambda url: next(scrapes), clock=lambda: now[0],
+                                sleep=sleep, poll_s=0.1)
+    assert (loss.forwarded, loss.gaps, loss.duplicates, loss.final) == (95, 5, 1, True)  # 95 + 5 == 100 records
+    assert loss.loss_pct == pytest.approx(5.0) and "5 lost (5.00 %" in loss.summary()
+    stuck = wait_for_stream_loss("h:1", before, 100, scrape=lambda url: BridgeCounters(150, 130, 10, 0, 0),
+                                 clock=lambda: now[0], sleep=sleep, timeout_s=1.0, poll_s=0.1)
+    assert not stuck.final and "not final" in stuck.summary()
+
+    def gone(url: str) -> BridgeCounters:
+        raise BridgeMetricsError("cannot read the bridge's metrics at http://h:1/metrics: refused")
+    exited = wait_for_stream_loss("h:1", before, 100, scrape=gone, clock=lambda: now[0], sleep=sleep)
+    assert exited.gone and not exited.final and "its own report has the loss" in exited.summary()
+
+
+@pytest.fixture
+def bridge_with_metrics() -> Iterator[tuple[UdpBridge, str, dict]]:
+    """A real bridge (null sink) on loopback, its metrics on an HTTP endpoint, serving in a thread."""
+    metrics = ServiceMetrics(CollectorRegistry())
+    httpd, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    b = UdpBridge("127.0.0.1", 0, NullSink(), metrics, exit_on_eos=True, eos_grace_s=0.2)
+    result: dict = {}
+    th = threading.Thread(target=lambda: result.setdefault("report", b.serve(max_seconds=60)), daemon=True)
+    th.start()
+    assert b.ready.wait(10)
+    yield b, f"127.0.0.1:{httpd.server_port}", result
+    th.join(60)
+    httpd.shutdown()
+
+
+def test_the_loss_measured_by_the_bridge_is_what_was_lost(bridge_with_metrics) -> None:
+    b, url, result = bridge_with_metrics
+    before = scrape_bridge_counters(url)
+    drop = {0, 17, 250, 299}  # simulated loss: these sequence numbers never leave the sender
+    stats = send_udp([rec(i) for i in range(300)], "127.0.0.1", b.port, rate=3000, drop_seqs=drop, stream_id="m")
+    loss = wait_for_stream_loss(url, before, stats.records, timeout_s=30)
+    assert loss.final and loss.count == 300
+    assert loss.gaps == len(drop) and loss.forwarded == 300 - len(drop)  # measured at the bridge, not assumed
+    assert f"{300 - len(drop)} of 300 records forwarded, {len(drop)} lost (1.33 %" in loss.summary()
+
+
+def test_cli_udp_with_bridge_metrics_prints_the_bridges_count(bridge_with_metrics) -> None:
+    b, url, result = bridge_with_metrics
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "udp", "--synthetic", "200", "--seed", "3",
+                           "--rate", "2000", "--target", f"127.0.0.1:{b.port}", "--bridge-metrics", url,
+                           "--no-progress"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "invisible to the sender" in lines[0] and "dropped" not in lines[0]
+    assert lines[-1].startswith(f"bridge (http://{url}/metrics): ")
+    forwarded = result_wait(result)["records_forwarded"]
+    assert f"{forwarded} of 200 records forwarded, {200 - forwarded} lost" in lines[-1]
+
+
+def result_wait(result: dict) -> dict:
+    """The bridge report once its thread returned (exit on EOS); the fixture joins the thread."""
+    for _ in range(600):
+        if "report" in result:
+            return result["report"].to_dict()
+        threading.Event().wait(0.05)
+    raise AssertionError("the bridge did not finish")
+
+
+def test_cli_udp_with_an_unreadable_metrics_url_fails_before_sending() -> None:
+    port = free_udp_port()
+    proc = subprocess.run([sys.executable, "-m", "replay_tools", "udp", "--synthetic", "5", "--target",
+                           f"127.0.0.1:{port}", "--bridge-metrics", f"127.0.0.1:{port}", "--no-progress"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "cannot read the bridge's metrics" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_udp_sender_with_one_line_and_an_eos_of_the_right_count(sig: signal.Signals) -> None:
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)  # hold all until we read them
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(30)
+    port = receiver.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "replay_tools", "udp", "--synthetic", "0", "--seed", "1",
+                             "--rate", "300", "--target", f"127.0.0.1:{port}", "--eos-repeats", "1", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got: list[dict] = []
+    try:
+        while len(got) < 20:  # the event: datagrams arriving (an unbounded stream at 300/s)
+            got.append(json.loads(receiver.recv(65535)))
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        receiver.settimeout(0.5)  # the sender has exited: what it sent is in our socket buffer
+        while True:
+            try:
+                got.append(json.loads(receiver.recv(65535)))
+            except TimeoutError:
+                break
+    finally:
+        receiver.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig
+    assert "Traceback" not in err and out == ""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[0].startswith("sending synthetic")
+    m = re.fullmatch(rf"UDP sender interrupted by {sig.name}: ([\d,]+) records, ([\d,]+) datagrams sent on stream "
+                     r"'(\w+)'; end-of-stream \(count ([\d,]+)\) sent 1x", lines[1])
+    assert m, lines[1]
+    records, datagrams, count = (int(m.group(i).replace(",", "")) for i in (1, 2, 4))
+    assert count == records >= 20 and datagrams == records + 1
+    eos = [d for d in got if d.get("eos")]
+    assert [d["count"] for d in eos] == [records]  # the bridge would close the stream with the right count
+    assert sorted(d["seq"] for d in got if not d.get("eos")) == list(range(records))  # loopback at 300/s: no loss

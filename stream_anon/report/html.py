@@ -1,9 +1,11 @@
 """``write_report(run_dir) -> Path``: a self-contained HTML page (PNG plots as base64 data URIs) for a run.
 
-Sections: summary, information loss vs k and delta (``grid.json``), release delay vs the bound, class sizes,
-generalization per attribute, epsilon vs error of the LDP mechanisms (``ldp_curves.json``), estimated vs
-true distributions on the side topics (``side_estimates.json``).  A section whose input is missing says
-so and how to produce it; it never fails the report.  The run-directory format: docs/deploy.md.
+Layout: a SYNTHETIC banner when the run's data is synthetic (``"synthetic": true`` in summary.json), a short
+summary of key figures, then the plots: information loss vs k and delta (``grid.json``), release delay vs the
+bound, class sizes, generalization per attribute, epsilon vs error of the LDP mechanisms (``ldp_curves.json``),
+estimated vs true distributions on the side topics (``side_estimates.json``); the raw summary.json last, in a
+collapsed ``<details>``.  A section whose input is missing says so and how to produce it; it never fails the
+report.  The run-directory format: docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import numpy as np
 from stream_anon.report import plots
 from stream_anon.report.analysis import class_sizes, generalization_levels, quantiles
 from stream_anon.report.rundir import (
+    DELAYS_FILE,
     GRID_FILE,
     LDP_CURVES_FILE,
+    RELEASED_FILE,
     SIDE_ESTIMATES_FILE,
+    SUMMARY_FILE,
     RunDir,
     RunDirError,
     load_run_dir,
+    summary_value,
 )
 
 log = logging.getLogger(__name__)
@@ -48,7 +54,10 @@ img { max-width: 100%; border: 1px solid #eee; }
 .missing { background: #fff7e0; border-left: 4px solid #f0b400; padding: .5em 1em; }
 .note { color: #666; font-size: 90%; }
 code { background: #f3f3f3; padding: 0 .25em; }
+.banner { background: #b00020; color: #fff; font-weight: bold; font-size: 115%; padding: .7em 1em; margin: 1em 0; }
+details > summary { cursor: pointer; font-weight: bold; margin: .5em 0; }
 """
+DELAY_POPULATION = "released records"
 
 
 @dataclass
@@ -104,12 +113,62 @@ def _guard(section: Section, what: str, fn: Callable[[], None]) -> None:
                                      f"{html.escape(str(e))}"))
 
 
+def _nested(summary: Mapping[str, Any], *path: str) -> Any:
+    node: Any = summary
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
+
+
+def key_figures(run: RunDir) -> list[tuple[str, Any]]:
+    """The short summary at the top of the report: what a reader needs before the plots."""
+    s = run.summary
+    rows: list[tuple[str, Any]] = []
+    source = summary_value(s, "data_source") or summary_value(s, "dataset")
+    if source is not None:
+        rows.append(("data", source))
+    for key, label in (("records_in", "records in"), ("records_released", "records released"),
+                       ("records_suppressed", "records suppressed"), ("records_dead_lettered", "records dead-lettered"),
+                       ("records_unaccounted", "records unaccounted")):
+        v = summary_value(s, key)
+        if v is not None:
+            rows.append((label, v))
+    sizes = class_sizes(run.released)
+    rows.append((f"released records / classes ({RELEASED_FILE})", f"{len(run.released):,} / {sizes.size:,}"))
+    k, delta = run.k, run.delta
+    rows.append(("k, delta (arrivals)", f"{k if k is not None else 'unknown'}, "
+                                       f"{_fmt(delta) if delta is not None else 'unknown'}"))
+    if sizes.size:
+        rows.append(("smallest class", int(sizes.min())))
+    verified = _nested(s, "k_anonymity", "verified")
+    if isinstance(verified, bool):
+        rows.append(("k-anonymity (independent checker)", "verified" if verified else "VIOLATED"))
+    for key, label in (("gt_loss", "GT loss"), ("lm_loss_normalized", "LM loss per QI")):
+        v = summary_value(s, key)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            rows.append((label, v))
+    if run.delays_arrivals is not None:
+        q = quantiles(run.delays_arrivals)
+        if q:
+            rows.append((f"release delay p50 / p99 (arrivals, {DELAY_POPULATION})", f"{q['p50']:,.4g} / {q['p99']:,.4g}"))
+    return rows
+
+
 def _summary_section(run: RunDir) -> Section:
     s = Section("summary", "Summary")
-    s.body.append(f"<p>Run directory <code>{html.escape(str(run.path))}</code>; "
-                  f"{len(run.released):,} released records in {run.released['class_id'].nunique():,} classes "
-                  f"(<code>released.csv</code>).</p>")
-    s.body.append(_table(_flatten(run.summary), ("summary.json", "value")))
+    s.body.append(f"<p>Run directory <code>{html.escape(str(run.path))}</code>. Key figures; the whole "
+                  f'<code>{SUMMARY_FILE}</code> is under <a href="#raw">raw data</a> at the end.</p>')
+    s.body.append(_table(key_figures(run)))
+    return s
+
+
+def _raw_section(run: RunDir) -> Section:
+    s = Section("raw", "Raw data")
+    rows = _flatten(run.summary)
+    s.body.append(f"<details><summary><code>{SUMMARY_FILE}</code>, flattened ({len(rows)} entries)</summary>"
+                  f"{_table(rows, (SUMMARY_FILE, 'value'))}</details>")
+    if run.notes:
+        s.body.append('<p class="note">' + html.escape("; ".join(run.notes)) + "</p>")
     return s
 
 
@@ -140,19 +199,42 @@ def _delay_section(run: RunDir) -> Section:
 
     def draw() -> None:
         bound = run.delta
-        rows: list[tuple[str, Any]] = []
+        head = ("<tr><th>delay</th><th>records</th><th>n</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>"
+                "<th>mean</th></tr>")
+        rows = []
+
+        def row(measure: str, population: str, q: Mapping[str, Any], n: Any) -> None:
+            cells = "".join(f'<td class="num">{html.escape(_fmt(q.get(key)) if q.get(key) is not None else "-")}'
+                            "</td>" for key in ("p50", "p90", "p99", "max", "mean"))
+            rows.append(f"<tr><th>{html.escape(measure)}</th><td>{html.escape(population)}</td>"
+                        f'<td class="num">{html.escape(_fmt(n))}</td>{cells}</tr>')
+
+        over = None
         if run.delays_arrivals is not None:
-            q = quantiles(run.delays_arrivals)
-            rows += [(f"arrivals {k}", v) for k, v in q.items()]
-            if bound is not None and q:
-                over = int((run.delays_arrivals[np.isfinite(run.delays_arrivals)] > bound).sum())
-                rows.append(("records over the bound delta", over))
+            finite = run.delays_arrivals[np.isfinite(run.delays_arrivals)]
+            row("arrivals", DELAY_POPULATION, quantiles(run.delays_arrivals), int(finite.size))
+            if bound is not None:
+                over = int((finite > bound).sum())
         if run.delays_seconds is not None:
-            rows += [(f"seconds {k}", v) for k, v in quantiles(run.delays_seconds).items()]
-        rows.insert(0, ("bound delta (arrivals)", bound if bound is not None else "unknown"))
-        s.body.append(_table(rows))
+            finite = run.delays_seconds[np.isfinite(run.delays_seconds)]
+            row("seconds", DELAY_POPULATION, quantiles(run.delays_seconds), int(finite.size))
+        other = run.summary.get("delay_arrivals")
+        if isinstance(other, Mapping) and other.get("p50") is not None:
+            population = str(other.get("population") or "released + suppressed records (the demo's summary)")
+            row(f"arrivals ({SUMMARY_FILE} delay_arrivals)", population, other, other.get("n", "-"))
+        s.body.append(f"<table>{head}{''.join(rows)}</table>")
+        facts: list[tuple[str, Any]] = [("bound delta (arrivals)", bound if bound is not None else "unknown")]
+        if over is not None:
+            facts.append(("released records over the bound delta", over))
+        s.body.append(_table(facts))
+        s.body.append(f'<p class="note">Delay of a record: arrivals on its partition between its own arrival and its '
+                      f"release. This report's rows are over the {DELAY_POPULATION} of <code>{DELAYS_FILE}</code> / "
+                      f"<code>{RELEASED_FILE}</code> (quantiles: linear interpolation, numpy's default). A "
+                      f"<code>{SUMMARY_FILE}</code> row, when present, is the run's own figure over the population "
+                      "named: suppressed records are not released, so they are not in this report's rows, and the "
+                      "two p50 differ when the run suppressed records.</p>")
         s.images.append(("release delay distribution", plots.plot_delays(run.delays_arrivals, run.delays_seconds,
-                                                                         bound)))
+                                                                         bound, DELAY_POPULATION)))
     _guard(s, "the delay distribution", draw)
     return s
 
@@ -217,8 +299,22 @@ def _ldp_section(run: RunDir) -> Section:
         assert run.ldp_curves is not None
         names = ", ".join(sorted({c.mechanism for c in run.ldp_curves}))
         s.body.append(f"<p>Mechanisms: {html.escape(names)}. Shaded: plus/minus one standard deviation over "
-                      "repetitions.</p>")
-        s.images.append(("epsilon vs error", plots.plot_ldp_curves(run.ldp_curves)))
+                      "repetitions (clipped to the measure's range).</p>")
+        if any(c.is_total_variation for c in run.ldp_curves):
+            s.body.append('<p class="note">Total variation distance TV = 1/2 sum<sub>v</sub> |p&#770;(v) - f(v)| '
+                          "between the true distribution f and the estimate <em>projected onto the probability "
+                          "simplex</em> p&#770; (the closest distribution in Euclidean distance; Duchi et al. 2008). "
+                          "The unbiased estimate itself has negative entries and is not a distribution, so a TV "
+                          "computed on it is not bounded by 1. Every plotted TV is in [0, 1].</p>")
+        dropped = [c for c in run.ldp_curves if not c.valid]
+        if dropped:
+            labels = ", ".join(f"{c.mechanism} ({c.attribute})" if c.attribute else c.mechanism for c in dropped)
+            s.body.append(_missing(f"Not plotted: {html.escape(labels)}: a total variation distance outside [0, 1] "
+                                   f"in <code>{LDP_CURVES_FILE}</code> (computed on an unprojected estimate by an "
+                                   "older version); <code>stream-anon report RUN_DIR --compute-extras "
+                                   "--overwrite-extras</code> recomputes it."))
+        if len(dropped) < len(run.ldp_curves):
+            s.images.append(("epsilon vs error", plots.plot_ldp_curves(run.ldp_curves)))
     _guard(s, "the LDP curves", draw)
     return s
 
@@ -246,7 +342,7 @@ def _side_section(run: RunDir) -> Section:
 
 SECTION_BUILDERS: tuple[Callable[[RunDir], Section], ...] = (
     _summary_section, _loss_section, _delay_section, _class_section, _generalization_section, _ldp_section,
-    _side_section)
+    _side_section, _raw_section)
 
 
 def build_sections(run: RunDir) -> list[Section]:
@@ -254,23 +350,36 @@ def build_sections(run: RunDir) -> list[Section]:
     return [build(run) for build in SECTION_BUILDERS]
 
 
+def synthetic_banner(run: RunDir) -> str:
+    """The banner at the top of a report on synthetic data ('' for real data)."""
+    if not run.synthetic:
+        return ""
+    source = summary_value(run.summary, "data_source")
+    what = f" ({html.escape(str(source))})" if source else ""
+    return (f'<div class="banner" id="synthetic">SYNTHETIC DATA{what}: the records of this run are generated, '
+            "not real; the figures describe the pipeline, not a population.</div>")
+
+
 def render_html(run: RunDir, sections: list[Section] | None = None) -> str:
-    """The report page; ``sections`` from :func:`build_sections` (built here when not given)."""
+    """The page; ``sections`` from :func:`build_sections` (built here when not given): banner, summary, plots,
+    raw data last."""
     sections = sections if sections is not None else build_sections(run)
     toc = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
+    tag = "[SYNTHETIC] " if run.synthetic else ""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>stream-anon report: {html.escape(run.path.name)}</title>", f"<style>{CSS}</style></head><body>",
-             f"<h1>stream-anon report: {html.escape(run.path.name)}</h1>",
+             f"<title>{tag}stream-anon report: {html.escape(run.path.name)}</title>",
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{tag}stream-anon report: {html.escape(run.path.name)}</h1>", synthetic_banner(run),
              f'<p class="note">Generated {dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")} by '
-             "<code>stream-anon report</code>.</p>", f"<ul>{toc}</ul>"]
-    for s in sections:
+             "<code>stream-anon report</code>.</p>"]
+    for i, s in enumerate(sections):
+        if i == 1:  # the contents after the short summary, before the plots
+            parts.append(f"<ul>{toc}</ul>")
         parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
         parts.extend(s.body)
         for alt, png in s.images:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>')
-    if run.notes:
-        parts.append('<p class="note">' + html.escape("; ".join(run.notes)) + "</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

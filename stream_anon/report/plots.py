@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from stream_anon.report.analysis import AttributeGeneralization
-from stream_anon.report.rundir import LdpCurve, SideEstimate
+from stream_anon.report.rundir import TV_METRIC, LdpCurve, SideEstimate
 
 DPI = 100
 BOUND_STYLE: dict[str, Any] = {"color": "#d62728", "linestyle": "--", "linewidth": 2}
@@ -82,7 +83,8 @@ def plot_loss_grid(grid: pd.DataFrame) -> bytes:
     return figure_png(fig)
 
 
-def plot_delays(arrivals: np.ndarray | None, seconds: np.ndarray | None, bound: float | None) -> bytes:
+def plot_delays(arrivals: np.ndarray | None, seconds: np.ndarray | None, bound: float | None,
+                population: str = "released records") -> bytes:
     """Distribution of release delays in arrivals against the bound delta (and in seconds when known)."""
     panels: list[tuple[np.ndarray, str]] = [(a, unit) for a, unit in ((arrivals, "arrivals"), (seconds, "seconds"))
                                             if a is not None and np.isfinite(a).any()]
@@ -100,7 +102,8 @@ def plot_delays(arrivals: np.ndarray | None, seconds: np.ndarray | None, bound: 
             ax.axvline(bound, label=f"bound delta = {bound:,.0f}", **BOUND_STYLE)
         ax.set_xlabel(f"release delay ({unit})")
         ax.set_ylabel("records")
-        ax.set_title(f"Release delay in {unit} (n = {v.size:,}, max = {v.max():,.4g})")
+        ax.set_title(f"Release delay in {unit}, {population} (n = {v.size:,}, max = {v.max():,.4g})",
+                     fontsize="medium")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     return figure_png(fig)
@@ -187,34 +190,66 @@ def plot_generalization(attrs: Sequence[AttributeGeneralization]) -> bytes:
     return figure_png(fig)
 
 
-def plot_ldp_curves(curves: Sequence[LdpCurve]) -> bytes:
-    """Error vs epsilon of each LDP mechanism; one panel per error measure, log-log axes.
+@dataclass(frozen=True)
+class LdpSeries:
+    """One line of the epsilon-vs-error plot and its band, exactly as drawn."""
 
-    The band is plus/minus one standard deviation over repetitions; where it reaches zero it is drawn down
-    to the bottom of the (log) axis.
+    metric: str
+    label: str
+    epsilon: np.ndarray
+    error: np.ndarray
+    lower: np.ndarray | None  # band: error - std, clipped to the metric's range
+    upper: np.ndarray | None  # band: error + std, clipped to the metric's range
+
+
+def ldp_series(curves: Sequence[LdpCurve]) -> list[LdpSeries]:
+    """The lines :func:`plot_ldp_curves` draws: the valid curves (a total variation distance outside [0, 1]
+    is not one: such curves are left out, see ``LdpCurve.valid``), bands clipped to the metric's range
+    ([0, 1] for a total variation distance, >= 0 otherwise)."""
+    out = []
+    for c in curves:
+        if not c.valid:
+            continue
+        top = 1.0 if c.is_total_variation else np.inf
+        lower = upper = None
+        if c.error_std is not None:
+            lower = np.clip(c.error - c.error_std, 0.0, top)
+            upper = np.clip(c.error + c.error_std, 0.0, top)
+        out.append(LdpSeries(metric=c.error_metric, label=c.mechanism + (f" ({c.attribute})" if c.attribute else ""),
+                             epsilon=c.epsilon, error=c.error, lower=lower, upper=upper))
+    return out
+
+
+def plot_ldp_curves(curves: Sequence[LdpCurve]) -> bytes:
+    """Error vs epsilon of each LDP mechanism (:func:`ldp_series`); one panel per error measure, log-log axes.
+
+    The band is plus/minus one standard deviation over repetitions, clipped to the measure's range; where it
+    reaches zero it is drawn down to the bottom of the (log) axis.
     """
-    metrics = list(dict.fromkeys(c.error_metric for c in curves))
+    series = ldp_series(curves)
+    if not series:
+        raise ValueError("no curve to plot (every total variation distance was outside [0, 1])")
+    metrics = list(dict.fromkeys(s.metric for s in series))
     fig = _new_figure(5.5 * len(metrics), 4.0)
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics, strict=True):
-        group = [c for c in curves if c.error_metric == metric]
-        positive = np.concatenate([c.error[c.error > 0] for c in group])
-        log_y = positive.size > 0 and all((c.error > 0).all() for c in group)
+        group = [s for s in series if s.metric == metric]
+        positive = np.concatenate([s.error[s.error > 0] for s in group])
+        log_y = positive.size > 0 and all((s.error > 0).all() for s in group)
         floor = float(positive.min()) / 3 if positive.size else 0.0
-        for i, c in enumerate(group):
-            label = c.mechanism + (f" ({c.attribute})" if c.attribute else "")
-            ax.plot(c.epsilon, c.error, marker="o", color=f"C{i % 10}", label=label)
-            if c.error_std is not None:
-                lower = c.error - c.error_std
-                if log_y:
-                    lower = np.maximum(lower, floor)
-                ax.fill_between(c.epsilon, lower, c.error + c.error_std, color=f"C{i % 10}", alpha=0.2)
-        _log_x_at(ax, np.concatenate([c.epsilon for c in group]).tolist())
+        for i, s in enumerate(group):
+            ax.plot(s.epsilon, s.error, marker="o", color=f"C{i % 10}", label=s.label)
+            if s.lower is not None and s.upper is not None:
+                lower = np.maximum(s.lower, floor) if log_y else s.lower
+                ax.fill_between(s.epsilon, lower, s.upper, color=f"C{i % 10}", alpha=0.2)
+        _log_x_at(ax, np.concatenate([s.epsilon for s in group]).tolist())
         if log_y:
             ax.set_yscale("log")
             ax.set_ylim(bottom=floor)
+        if metric == TV_METRIC:
+            ax.set_ylim(top=1.0)
         ax.set_xlabel("epsilon")
-        ax.set_ylabel(metric)
+        ax.set_ylabel(metric + (" (projected estimate)" if metric == TV_METRIC else ""))
         ax.set_title(f"{metric} vs epsilon")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize="small")

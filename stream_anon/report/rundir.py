@@ -6,10 +6,13 @@ Required:
     ``released.csv``  the released records: ``record_id, class_id, <QI columns>, <sensitive>``
                       (+ optional ``delay`` / ``delay_arrivals`` and ``delay_seconds`` columns).
 Optional:
-    ``delays.json``        ``{"arrivals": [...], "seconds": [...], "bound": delta}`` (or a bare list of arrivals).
+    ``delays.json``        ``{"arrivals": [...], "seconds": [...], "bound": delta}`` (or a bare list of arrivals):
+                           per-record delays of the *released* records.
     ``grid.json``          engine experiment grid: list of ``{k, delta, beta, mu, loss_metric, gt_loss, lm_loss,
                            ubdsa_loss}``.
-    ``ldp_curves.json``    list of ``{mechanism, attribute, error_metric, points: [{epsilon, error, error_std}]}``.
+    ``ldp_curves.json``    list of ``{mechanism, attribute, error_metric, projection, points: [{epsilon, error,
+                           error_std}]}``; a total variation distance is in [0, 1] (``projection: "simplex"``: of
+                           the estimate projected onto the probability simplex).
     ``side_estimates.json`` list of ``{topic, attribute, kind: "frequency"|"mean", categories, estimated, true,
                            std_errors}`` (``kind="mean"``: scalars ``estimated``, ``true``, ``std_error``).
     ``schema.yaml``        the schema of the released records (default: the shipped ADULT schema).
@@ -42,6 +45,8 @@ SCHEMA_FILES = ("schema.yaml", "schema.yml", "schema.json")
 
 GRID_FIELDS = ("k", "delta", "beta", "mu", "loss_metric", "gt_loss", "lm_loss", "ubdsa_loss")
 DELAY_ARRIVAL_COLUMNS = ("delay", "delay_arrivals")
+TV_METRIC = "total variation distance"
+SIMPLEX_PROJECTION = "simplex"  # ldp_curves.json "projection": TV of the Euclidean projection onto the simplex
 DELAY_SECONDS_COLUMNS = ("delay_seconds",)
 
 
@@ -57,6 +62,16 @@ class LdpCurve:
     epsilon: np.ndarray
     error: np.ndarray
     error_std: np.ndarray | None = None
+    projection: str | None = None  # "simplex": the error is measured on the estimate projected onto the simplex
+
+    @property
+    def is_total_variation(self) -> bool:
+        return self.error_metric == TV_METRIC
+
+    @property
+    def valid(self) -> bool:
+        """False for a total variation distance outside [0, 1] (computed on an unprojected estimate)."""
+        return not self.is_total_variation or bool(((self.error >= 0) & (self.error <= 1)).all())
 
 
 @dataclass
@@ -88,6 +103,11 @@ class RunDir:
     def k(self) -> int | None:
         v = summary_value(self.summary, "k")
         return int(v) if v is not None else None
+
+    @property
+    def synthetic(self) -> bool:
+        """The run's data is synthetic (``"synthetic": true`` in summary.json, as the demo writes it)."""
+        return summary_value(self.summary, "synthetic") is True
 
     @property
     def delta(self) -> float | None:
@@ -197,7 +217,8 @@ def load_ldp_curves(path: Path) -> list[LdpCurve]:
                                attribute=str(entry.get("attribute", "")),
                                error_metric=str(entry.get("error_metric", "error")),
                                epsilon=eps[order], error=err[order],
-                               error_std=std[order] if std is not None else None))
+                               error_std=std[order] if std is not None else None,
+                               projection=str(entry["projection"]) if entry.get("projection") else None))
     return curves
 
 
