@@ -41,6 +41,20 @@ _FREE = -1  # slot_cluster of a ring slot that holds no buffered record
 _LEFTOVER = -2  # slot_cluster of a record waiting in the leftover cluster
 
 
+def _required_l(schema: Schema, config: EngineConfig) -> int | None:
+    """The l of l-diversity (None when l <= 1), checked against the schema's sensitive attribute."""
+    if config.l is None or config.l <= 1:
+        return None
+    if not schema.sensitive:
+        raise EngineConfigError("l", "used only with a sensitive attribute in the schema", config.l)
+    sensitive = schema.sensitive[0]
+    dom = sensitive.domain_values
+    if dom and config.l > len(dom):
+        raise EngineConfigError("l", f"an integer in [1, {len(dom)}] (distinct values of {sensitive.name!r})",
+                                config.l)
+    return config.l
+
+
 class _Work:
     """Preallocated scratch arrays of the hot path (no allocation per record)."""
 
@@ -69,14 +83,7 @@ class Engine:
         self.class_id_prefix = class_id_prefix
         self.k = config.k
         self.sensitive: str | None = schema.sensitive[0].name if schema.sensitive else None
-        if config.l is not None and config.l > 1:
-            if self.sensitive is None:
-                raise EngineConfigError("l", "used only with a sensitive attribute in the schema", config.l)
-            dom = schema.sensitive[0].domain_values
-            if dom and config.l > len(dom):
-                raise EngineConfigError("l", f"an integer in [1, {len(dom)}] (distinct values of "
-                                        f"{self.sensitive!r})", config.l)
-        self.l: int | None = config.l if config.l is not None and config.l > 1 else None  # None: no l-diversity
+        self.l = _required_l(schema, config)  # None: no l-diversity
         self.use_l = self.l is not None
         self.person_id = schema.person_id
         self.record_id = schema.record_id or "id"
@@ -317,7 +324,7 @@ class Engine:
         g.size[c] = tally.individuals
         self.in_gamma.add(person, value)
         g.set_weights(c)
-        if self.policy.age_pressure:
+        if self._age_weight > 0.0:  # UBDSA-style age pressure
             self._set_age_coef(c)
 
     def _new_cluster(self, s: int) -> int:
@@ -403,7 +410,7 @@ class Engine:
         g.lsum[c] = float(self.enc.score_rows(g.box[c]))
         g.oldest[c] = min(self.slot_pos[t] for t in g.members[c])
         g.set_weights(c)
-        if self.policy.age_pressure:
+        if self._age_weight > 0.0:
             self._set_age_coef(c)
 
     def _dispose(self, s: int) -> None:

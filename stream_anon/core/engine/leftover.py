@@ -1,7 +1,7 @@
 """The leftover cluster (``leftover="leftover"``): the ADULT stream paper's alternative to suppression.
 
 Lee, Joo, Yun, Kim (2023) collect the records that cannot meet k in their cluster into an independent leftover
-cluster instead of suppressing them (docs/castle.md, "Leftover cluster"). Here every record that
+cluster instead of suppressing them (docs/castle.md, "Extensions"). Here every record that
 delay_constraint would suppress is handed to :meth:`LeftoverCluster.take` with a deadline of
 ``delta_leftover`` further arrivals. When the oldest one reaches its deadline (:meth:`after_arrival`):
 

@@ -1,4 +1,4 @@
-"""CASTLE's split of a large cluster into classes of >= k individuals (docs/castle.md, "split").
+"""CASTLE's split of a large cluster into classes of >= k individuals (docs/castle.md, "Split").
 
 ``split`` (KNN) for k-anonymity, ``split_l`` for the l-diversity extension. Records are grouped into *units*,
 one per individual (all records of one person id; one record each without a person id); a unit always moves

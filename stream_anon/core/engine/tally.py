@@ -1,7 +1,7 @@
 """Distinct individuals and distinct sensitive values of a set of buffered records.
 
 CASTLE counts k over distinct individuals, not records (a person id may own several records), and the
-l-diversity extension counts l over distinct sensitive values (docs/castle.md, "Model" and "l-diversity").
+l-diversity extension counts l over distinct sensitive values (docs/castle.md, "Model" and "Extensions").
 The engine needs these counts for every open cluster, for all of Gamma and for the leftover cluster, while
 records join, leave and clusters merge: a :class:`Tally` keeps, per tracked key, how many records carry it,
 so that each of those operations keeps the distinct counts exact in O(1) per record.
@@ -10,18 +10,6 @@ so that each of those operations keeps the distinct counts exact in O(1) per rec
 from __future__ import annotations
 
 from typing import Any
-
-
-def _add(counts: dict[Any, int], key: Any, n: int) -> None:
-    counts[key] = counts.get(key, 0) + n
-
-
-def _sub(counts: dict[Any, int], key: Any, n: int) -> None:
-    left = counts[key] - n
-    if left:
-        counts[key] = left
-    else:
-        del counts[key]
 
 
 class Tally:
@@ -56,38 +44,48 @@ class Tally:
     def add(self, person: Any, value: Any) -> None:
         """One record of individual ``person`` with sensitive value ``value`` joins the set."""
         self.records += 1
-        if self.by_person is not None:
-            _add(self.by_person, person, 1)
-        if self.by_value is not None:
-            _add(self.by_value, value, 1)
+        persons, values = self.by_person, self.by_value
+        if persons is not None:
+            persons[person] = persons.get(person, 0) + 1
+        if values is not None:
+            values[value] = values.get(value, 0) + 1
 
     def remove(self, person: Any, value: Any) -> None:
         """One record of the set leaves it."""
         self.records -= 1
-        if self.by_person is not None:
-            _sub(self.by_person, person, 1)
-        if self.by_value is not None:
-            _sub(self.by_value, value, 1)
+        persons, values = self.by_person, self.by_value
+        if persons is not None:
+            left = persons[person] - 1
+            if left:
+                persons[person] = left
+            else:
+                del persons[person]
+        if values is not None:
+            left = values[value] - 1
+            if left:
+                values[value] = left
+            else:
+                del values[value]
 
     def add_all(self, other: Tally) -> None:
         """Every record of ``other`` joins the set (merge of two clusters)."""
         self.records += other.records
-        if self.by_person is not None and other.by_person is not None:
-            for key, n in other.by_person.items():
-                _add(self.by_person, key, n)
-        if self.by_value is not None and other.by_value is not None:
-            for key, n in other.by_value.items():
-                _add(self.by_value, key, n)
+        for mine, theirs in ((self.by_person, other.by_person), (self.by_value, other.by_value)):
+            if mine is not None and theirs is not None:
+                for key, n in theirs.items():
+                    mine[key] = mine.get(key, 0) + n
 
     def remove_all(self, other: Tally) -> None:
         """Every record of ``other`` (a subset of this set) leaves it (a cluster of Gamma is released)."""
         self.records -= other.records
-        if self.by_person is not None and other.by_person is not None:
-            for key, n in other.by_person.items():
-                _sub(self.by_person, key, n)
-        if self.by_value is not None and other.by_value is not None:
-            for key, n in other.by_value.items():
-                _sub(self.by_value, key, n)
+        for mine, theirs in ((self.by_person, other.by_person), (self.by_value, other.by_value)):
+            if mine is not None and theirs is not None:
+                for key, n in theirs.items():
+                    left = mine[key] - n
+                    if left:
+                        mine[key] = left
+                    else:
+                        del mine[key]
 
     def clear(self) -> None:
         self.records = 0
