@@ -41,7 +41,7 @@ def test_real_adult_file(adult_path: Path, adult_df: pd.DataFrame) -> None:
     assert int((adult_df.drop(columns=["workclass", "occupation", "native-country"]) == "?").sum().sum()) == 0
     for a in adult_schema().numeric_qis:
         assert str(adult_df[a.name].dtype) == "int64"
-        assert adult_df[a.name].min() == a.lo and adult_df[a.name].max() == a.hi  # domains = file min/max
+        assert a.lo <= adult_df[a.name].min() and adult_df[a.name].max() <= a.hi  # inside the public domain
     assert set(adult_df["income"]) == {"<=50K", ">50K"}
 
 
