@@ -40,6 +40,36 @@ def test_adult_schema_layout(adult: Schema) -> None:
     assert adult.record_id == "id" and adult.person_id is None
 
 
+def test_adult_numeric_domains_state_their_public_source(adult: Schema) -> None:
+    """Issue 9.7: documented ranges and top-codes, or a declared policy bound, never the file's extremes."""
+    domains = {a.name: (a.lo, a.hi) for a in adult.numeric_qis}
+    assert domains == {"age": (17, 90), "fnlwgt": (1, 2_000_000), "education-num": (1, 16),
+                       "capital-gain": (0, 99999), "capital-loss": (0, 99999), "hours-per-week": (1, 99)}
+    for a in adult.numeric_qis:
+        assert a.source, f"{a.name} has no source"
+    source = {a.name: str(a.source) for a in adult.numeric_qis}
+    assert "AAGE > 16" in source["age"] and "top-code" in source["age"]
+    assert "HRSWK > 0" in source["hours-per-week"] and "top-code" in source["hours-per-week"]
+    assert "declared policy bound, not a documented one" in source["fnlwgt"]
+    # the training file's extremes of fnlwgt and capital-loss are not used as bounds
+    assert domains["fnlwgt"] != (12285, 1484705) and domains["capital-loss"] != (0, 4356)
+
+
+def test_source_is_kept_and_checked() -> None:
+    spec: dict[str, Any] = {"attributes": [
+        {"name": "x", "role": "quasi_identifier", "type": "numeric", "domain": [0, 9],
+         "source": "  the form's\n  two-digit box  "}]}
+    assert Schema.from_dict(spec)["x"].source == "the form's two-digit box"
+    assert Schema.from_dict(spec).with_roles(qis=["x"])["x"].source == "the form's two-digit box"
+    spec["attributes"][0].pop("source")
+    assert Schema.from_dict(spec)["x"].source is None
+    for bad in (42, "  ", ["a"]):
+        spec["attributes"][0]["source"] = bad
+        with pytest.raises(SchemaError, match="attribute 'x': source must be a non-empty string") as info:
+            Schema.from_dict(spec)
+        assert info.value.field == "x" and info.value.value == bad
+
+
 def test_valid_record_is_normalized(adult: Schema) -> None:
     out = adult.validate(with_(age="39", sex=" Male ", **{"hours-per-week": 40.0}))
     assert out["age"] == 39 and isinstance(out["age"], int)

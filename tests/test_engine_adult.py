@@ -3,10 +3,12 @@ loss reported per release vs core/loss, and what UBDSA / leftover / adaptive del
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -152,3 +154,76 @@ def test_push_and_push_encoded_agree(adult: pd.DataFrame) -> None:
     one += eng.flush(0.0)
     assert [(r.class_id, r.kind, r.record_ids, r.generalized, r.delays) for r in one] == \
            [(r.class_id, r.kind, r.record_ids, r.generalized, r.delays) for r in bulk]
+
+
+# ---------------------------------------------------------------------------------------------- pinned streams
+# Release streams of the engine at commit 1e1c81a (before core/engine was split into castle / split / tally /
+# policies / leftover): sha256 over every field of every release, in order, on the full ADULT stream. A change
+# of code structure must not change one release; a deliberate change of behaviour updates these digests and
+# says why in its commit. The numeric domains are pinned here (the shipped schema's bounds may change).
+PINNED_DOMAINS = {"age": (17, 90), "fnlwgt": (12285, 1484705), "education-num": (1, 16),
+                  "capital-gain": (0, 99999), "capital-loss": (0, 4356), "hours-per-week": (1, 99)}
+BASE = {"k": 10, "delta": 1000, "beta": 50, "mu": 100}
+PINNED_STREAMS: dict[str, tuple[dict[str, Any], set[str], str, int, int]] = {
+    # name: (EngineConfig, options, digest, releases, suppressed)
+    "castle": (BASE, set(), "15a323d785bf07f3", 3386, 484),
+    "castle_lm": ({**BASE, "loss": "lm"}, set(), "d19ef64eeabfce4d", 3479, 6),
+    "ubdsa": ({**BASE, "algorithm": "ubdsa", "loss": "ubdsa"}, set(), "8e9ec7469729bd47", 3351, 5),
+    "leftover": ({**BASE, "leftover": "leftover", "delta_leftover": 500}, set(), "a852a3dc9f891d4f", 3060, 126),
+    "l2": ({**BASE, "l": 2}, set(), "9a0572bac97621a7", 3271, 310),
+    "adaptive": ({**BASE, "adaptive_delay": True}, set(), "58b9b71a3b90f21d", 3778, 571),
+    "wallclock": ({**BASE, "max_delay_seconds": 2.0}, {"clock"}, "adc27ccbae4d4ecf", 6030, 695),
+    "person": ({"k": 5, "delta": 600, "beta": 40, "mu": 60, "seed": 3}, {"person"}, "b7fc1bd86c423902", 5377, 75),
+    "omega_small": ({"k": 5, "delta": 300, "beta": 20, "mu": 20, "zeta": 50, "max_age": 3000, "seed": 11}, {"push"},
+                    "3bab73a12e11c6d4", 5701, 30),
+    "all_options": ({"k": 4, "delta": 400, "beta": 30, "mu": 40, "algorithm": "ubdsa", "leftover": "leftover", "l": 2,
+                     "adaptive_delay": True, "max_delay_seconds": 1.5, "seed": 5}, {"person", "clock"},
+                    "dbf6a43a203e5640", 5577, 45),
+}
+
+
+def pinned_schema(person: bool) -> Schema:
+    s = adult_schema()
+    attrs = tuple(replace(a, lo=float(PINNED_DOMAINS[a.name][0]), hi=float(PINNED_DOMAINS[a.name][1]))
+                  if a.name in PINNED_DOMAINS else a for a in s.attributes)
+    return replace(s, attributes=attrs, person_id="pid" if person else None, _by_name={})
+
+
+def release_stream_digest(df: pd.DataFrame, cfg: EngineConfig, options: set[str]) -> tuple[str, int, int]:
+    """Stream ADULT through the engine; ``person``: a person id shared by about 4 records arriving within ~200
+    positions; ``clock``: now = 5 ms per arrival and an ``expire`` between arrivals every 97 records;
+    ``push``: per-record ``push`` instead of bulk encoding."""
+    schema = pinned_schema("person" in options)
+    eng = Engine(schema, cfg)
+    n = len(df)
+    cols = {c: df[c].tolist() for c in df.columns}
+    if "person" in options:
+        jitter = np.random.default_rng(42).integers(0, 200, n).tolist()
+        cols["pid"] = [f"p{(i + j) // 4}" for i, j in enumerate(jitter)]
+    names = list(cols)
+    h = hashlib.sha256()
+    count = 0
+
+    def feed(releases: list[Release]) -> None:
+        nonlocal count
+        for r in releases:
+            count += 1
+            h.update(repr((r.class_id, r.kind, sorted(r.generalized.items()), r.record_ids, r.delays,
+                           r.delays_seconds, r.loss, r.size, r.reused, r.leftover)).encode())
+
+    now = 0.0
+    for i, (row, v) in enumerate(zip(zip(*cols.values(), strict=True), eng.encode_many(cols), strict=True)):
+        rec = dict(zip(names, row, strict=True))
+        now = i * 0.005 if "clock" in options else 0.0
+        feed(eng.push(schema.validate(rec), now) if "push" in options else eng.push_encoded(rec, v, now))
+        if "clock" in options and i % 97 == 0:
+            feed(eng.expire(now + 0.3))
+    feed(eng.flush(now))
+    assert eng.records_in == n == eng.records_released + eng.records_suppressed
+    return h.hexdigest()[:16], count, eng.records_suppressed
+
+
+@pytest.mark.parametrize("name", list(PINNED_STREAMS))
+def test_release_stream_is_unchanged(adult: pd.DataFrame, name: str) -> None:
+    kwargs, options, digest, releases, suppressed = PINNED_STREAMS[name]
+    assert release_stream_digest(adult, EngineConfig(**kwargs), options) == (digest, releases, suppressed)

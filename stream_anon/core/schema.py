@@ -7,13 +7,15 @@ A schema file (YAML or JSON) looks like::
     person_id: null          # field carrying the individual's id (optional, CASTLE's pid)
     missing: "?"             # token for a missing value
     attributes:
-      - {name: age, role: quasi_identifier, type: numeric, domain: [17, 90], integer: true}
+      - {name: age, role: quasi_identifier, type: numeric, domain: [17, 90], integer: true,
+         source: "adult.names extraction AAGE > 16; CPS top-code 90"}
       - {name: workclass, role: quasi_identifier, type: categorical, hierarchy: hierarchies/workclass.csv}
       - {name: income, role: sensitive, type: categorical, values: ["<=50K", ">50K"]}
 
 Numeric quasi-identifiers generalize to intervals inside the configured *public* domain
-``[lo, hi]`` (never the running min/max of the stream: that would leak and drift).
-Categorical quasi-identifiers generalize along their hierarchy.
+``[lo, hi]`` (never the running min/max of the stream: that would leak and drift); ``source`` says where
+a domain comes from (a documented range or top-code, or a declared policy bound) and is kept on the
+attribute. Categorical quasi-identifiers generalize along their hierarchy.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Attribute:
     integer: bool = False
     hierarchy: Hierarchy | None = None  # categorical QIs
     values: tuple[str, ...] | None = None  # categorical non-QI domain (e.g. sensitive)
+    source: str | None = None  # where the public domain comes from (documentation, top-code or policy)
 
     @property
     def is_qi(self) -> bool:
@@ -330,8 +333,13 @@ class Schema:
                                       field=an, allowed="an existing ARX hierarchy CSV", value=str(hpath))
                 hierarchy = Hierarchy.from_csv(hpath, name=an)
             values = tuple(str(v) for v in a["values"]) if a.get("values") is not None else None
+            source = a.get("source")
+            if source is not None and not (isinstance(source, str) and source.strip()):
+                raise SchemaError(f"schema {name!r}, attribute {an!r}: source must be a non-empty string, got {source!r}",
+                                  field=an, allowed="a non-empty string", value=source)
             attrs.append(Attribute(name=an, role=role, kind=kind, lo=lo, hi=hi, integer=bool(a.get("integer", False)),
-                                   hierarchy=hierarchy, values=values))
+                                   hierarchy=hierarchy, values=values,
+                                   source=" ".join(source.split()) if source is not None else None))
         return cls(name=name, attributes=tuple(attrs), record_id=spec.get("record_id", "id"),
                    person_id=spec.get("person_id"), missing=spec.get("missing", "?"), source_dir=base)
 

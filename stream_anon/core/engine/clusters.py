@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_anon.core.engine.tally import Tally
 from stream_anon.core.intervals import format_interval
 from stream_anon.core.schema import Attribute, Schema
 
@@ -175,31 +176,30 @@ class ClusterStore:
 
     Per cluster c: ``box`` (elementwise min of its members' vectors; +inf for a free slot, so the union with a
     record is the record itself and every score stays finite), ``lsum`` (scoring loss summed over QIs),
-    ``n`` (records), ``size`` (distinct individuals), ``oldest`` (earliest arrival position), ``members``
-    (ring slots).  ``wnew`` and ``base`` make the enlargement one expression, ``E = wnew * L(C + t) - base``:
+    ``tally`` (records, person ids and sensitive values: :class:`~stream_anon.core.engine.tally.Tally`),
+    ``size`` (distinct individuals, ``tally[c].individuals`` kept as a plain list for the outlier rule),
+    ``oldest`` (earliest arrival position), ``members`` (ring slots).  ``wnew`` and ``base`` make the enlargement one expression, ``E = wnew * L(C + t) - base``:
     size-weighted form (GT, CAIL): ``wnew = n + 1, base = n * L(C)``; CASTLE's form (LM): ``wnew = 1,
     base = L(C)``.  Free slots have ``base = -inf`` so their E is +inf.
     """
 
-    def __init__(self, capacity: int, width: int, weighted: bool):
+    def __init__(self, capacity: int, width: int, weighted: bool, *, persons: bool, values: bool):
         self.capacity = capacity
         self.weighted = weighted
         self.box = np.full((capacity, width), np.inf)
         self.lsum = np.zeros(capacity)
-        self.n: list[int] = [0] * capacity  # records (Python ints: scalar access is the hot path)
-        self.size: list[int] = [0] * capacity  # distinct individuals
+        self.tally = [Tally(persons=persons, values=values) for _ in range(capacity)]
+        self.size: list[int] = [0] * capacity  # distinct individuals (Python ints: scalar access is the hot path)
         self.oldest = np.zeros(capacity, dtype=np.int64)
         self.wnew = np.ones(capacity)
         self.base = np.full(capacity, -np.inf)
         self.active = np.zeros(capacity, dtype=bool)
         self.members: list[list[int]] = [[] for _ in range(capacity)]
-        self.pids: list[dict[Any, int]] = [{} for _ in range(capacity)]
-        self.sens: list[dict[Any, int]] = [{} for _ in range(capacity)]
         self.free: list[int] = list(range(capacity - 1, -1, -1))
         self.n_active = 0
 
     def set_weights(self, c: int) -> None:
-        n = self.n[c]
+        n = self.tally[c].records
         if self.weighted:
             self.wnew[c] = n + 1
             self.base[c] = n * self.lsum[c]
@@ -218,12 +218,10 @@ class ClusterStore:
         self.box[c] = np.inf
         self.base[c] = -np.inf
         self.wnew[c] = 1.0
-        self.n[c] = 0
+        self.tally[c].clear()
         self.size[c] = 0
         self.lsum[c] = 0.0
         self.members[c] = []
-        self.pids[c] = {}
-        self.sens[c] = {}
         self.free.append(c)
         self.n_active -= 1
 
