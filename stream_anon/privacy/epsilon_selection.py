@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, secure_rng
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 
 __all__ = [
@@ -113,7 +113,7 @@ def select_epsilon_numeric(
     tgt = _check_target(target)
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     true_mean = float(x.mean())
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
@@ -144,7 +144,7 @@ def select_epsilon_categorical(
         raise PrivacyParameterError(f"target: a misclassification rate must be in [0, 1], got {target!r}")
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
         mech: Any
@@ -208,7 +208,7 @@ def select_epsilon_classifier(
     tgt = _check_target(target)
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     balanced = score == "balanced_accuracy"
     factory = classifier or (lambda: _default_classifier(balanced))
     perm = gen.permutation(x.shape[0])
