@@ -49,7 +49,10 @@ __all__ = [
     "UNIFORM_GRID_BITS",
     "exact_epsilon",
     "frapp_sampling_matrix",
+    "frapp_sampling_ratio",
     "krr_sampling_epsilon",
+    "krr_sampling_ratio",
+    "matrix_ratio",
     "record_epsilon",
 ]
 
@@ -57,13 +60,18 @@ UNIFORM_GRID_BITS = 53
 """numpy's ``Generator.random()`` returns k * 2^-53 (the top 53 bits of one 64-bit word), for every bit generator."""
 
 
-def krr_sampling_epsilon(p: float, k: int) -> float:
-    """Exact eps of k-RR as sampled: keep iff u < p on the 2^-53 grid, else one of the k - 1 others uniformly."""
+def krr_sampling_ratio(p: float, k: int) -> Fraction:
+    """Exact worst likelihood ratio of k-RR as sampled: keep iff u < p on the 2^-53 grid, else one of the k - 1
+    others uniformly: ceil(p 2^53) (k - 1) / (2^53 - ceil(p 2^53)) (0 if the report is never randomized)."""
     grid = 1 << UNIFORM_GRID_BITS
     keep = math.ceil(Fraction(p) * grid)
-    if keep >= grid:
-        return math.inf
-    return log_ratio_upper(Fraction(keep * (k - 1), grid - keep))
+    return Fraction(0) if keep >= grid else Fraction(keep * (k - 1), grid - keep)
+
+
+def krr_sampling_epsilon(p: float, k: int) -> float:
+    """Exact eps of k-RR as sampled, rounded up (inf when p rounds to 1)."""
+    ratio = krr_sampling_ratio(p, k)
+    return math.inf if ratio == 0 else log_ratio_upper(ratio)
 
 
 def frapp_sampling_matrix(n_values: int, gamma: float) -> np.ndarray:
@@ -92,20 +100,26 @@ def frapp_sampling_matrix(n_values: int, gamma: float) -> np.ndarray:
     return counts
 
 
-def _matrix_epsilon(counts: np.ndarray) -> float:
-    """max over j, t, t' of ln(C[t, j] / C[t', j]) for an integer matrix (inf if some entry is 0)."""
+def matrix_ratio(counts: np.ndarray) -> Fraction:
+    """max over j, t, t' of C[t, j] / C[t', j] for an integer matrix (0 = infinite: some entry is 0)."""
     c = np.asarray(counts, dtype=object)
     best = Fraction(1)
     for j in range(c.shape[1]):
         col = [int(v) for v in c[:, j]]
         if min(col) == 0:
-            return math.inf
+            return Fraction(0)
         best = max(best, Fraction(max(col), min(col)))
-    return 0.0 if best == 1 else log_ratio_upper(best)
+    return best
+
+
+def frapp_sampling_ratio(n_values: int, gamma: float) -> Fraction:
+    """Exact worst likelihood ratio of one FRAPP draw as sampled (from :func:`frapp_sampling_matrix`)."""
+    return matrix_ratio(frapp_sampling_matrix(n_values, gamma))
 
 
 def _frapp_epsilon(n_values: int, gamma: float) -> float:
-    return _matrix_epsilon(frapp_sampling_matrix(n_values, gamma))
+    ratio = frapp_sampling_ratio(n_values, gamma)
+    return math.inf if ratio == 0 else (0.0 if ratio == 1 else log_ratio_upper(ratio))
 
 
 def _frapp_relative_deviation(n_values: int, gamma: float) -> float:

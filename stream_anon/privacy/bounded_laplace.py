@@ -259,15 +259,24 @@ def grid_epsilon(n_points: int, scale_steps: float, radius: int | None = None) -
 
 
 def _calibrate(eps_of: Callable[[float], float], target: float, guess: float, floor: float) -> float:
-    """Smallest scale s (to relative 1e-12) with eps_of(s) <= target, by bisection on log s; eps_of decreases."""
-    hi = guess
+    """Smallest scale s (to relative 1e-12) with eps_of(s) <= target; eps_of decreases in s.
+
+    The bracket grows geometrically around ``guess`` (relative steps 1e-9, 4e-9, ...: the continuous formulas
+    are usually within 1e-6 of the answer), then bisection on log s.
+    """
+    step = 1e-9
+    hi = guess * (1.0 + step)
     while eps_of(hi) > target:
-        hi *= 2.0
-    lo = hi / 2.0
+        step *= 4.0
+        hi = guess * (1.0 + step)
+    step = 1e-9
+    lo = guess * (1.0 - step)
     while eps_of(lo) <= target:
         if lo <= floor:
             return lo  # even a near-deterministic table stays within the target
-        hi, lo = lo, lo / 2.0
+        hi = lo
+        step = min(step * 4.0, 0.5)
+        lo = max(lo * (1.0 - step), floor / 2.0)
     for _ in range(200):
         if hi / lo - 1.0 < 1e-12:
             break
@@ -288,7 +297,8 @@ def calibrate_grid_scale(n_points: int, radius: int | None, epsilon: float) -> f
     def eps_of(t: float) -> float:
         return _build_grid_table(n_points, t).epsilon(r)
 
-    return _calibrate(eps_of, eps, r / eps, floor=1.0 / 64.0)
+    guess = bounded_laplace_scale(epsilon=eps, sensitivity=float(r), width=float(n_points - 1))
+    return _calibrate(eps_of, eps, guess, floor=1.0 / 64.0)
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -767,13 +777,14 @@ def _exp_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     safe = np.where(small, 1.0, lam)
     i0 = np.where(small, 0.0, -np.expm1(-safe) / safe)
     i1 = np.where(small, 0.0, (1.0 - np.exp(-safe) * (1.0 + safe)) / (safe * safe))
+    lam_s = np.where(small, lam, 0.0)  # the series only where it converges fast
     s0 = np.zeros_like(lam)
     s1 = np.zeros_like(lam)
     term = np.ones_like(lam)  # (-lam)^n / n!
     for n in range(0, 25):
         s0 = s0 + term / (n + 1)
         s1 = s1 + term / (n + 2)
-        term = term * (-lam) / (n + 1)
+        term = term * (-lam_s) / (n + 1)
     return np.where(small, s0, i0), np.where(small, s1, i1)
 
 
@@ -789,21 +800,23 @@ def discretized_probabilities(scale: float, m: int) -> np.ndarray:
     b = _check_positive(scale, "scale")
     h = 2.0 / (m - 1)
     t = -1.0 + h * np.arange(m)
+    lam = h / b
+    i0a, i1a = _exp_moments(np.asarray(lam))
+    i0, i1 = float(i0a), float(i1a)
     P = np.zeros((m, m))
     for i in range(m):
         q = t[i]
         cq = float(_normalizer(np.asarray(q), b))
         for k in range(m - 1):
-            # on [t_k, t_{k+1}], y = t_k + h u; density exp(-|y - q|/b)/(2 b C)
-            if k >= i:  # y >= q: exp(-(t_k - q)/b) exp(-(h/b) u)
-                amp = math.exp(-(t[k] - q) / b)
-                lam = h / b
-            else:  # y <= q: exp(-(q - t_k)/b) exp(+(h/b) u)
-                amp = math.exp(-(q - t[k]) / b)
-                lam = -h / b
-            i0, i1 = _exp_moments(np.asarray(lam))
-            mass_up = amp * h * float(i1) / (2.0 * b * cq)
-            mass_all = amp * h * float(i0) / (2.0 * b * cq)
+            # on [t_k, t_{k+1}] the density exp(-|y - q|/b)/(2 b C) is one decaying exponential (q is a node):
+            # k >= i: y = t_k + h u, exp(-(t_k - q)/b) e^{-lam u}, weight of k+1 = u;
+            # k < i:  y = t_{k+1} - h v, exp(-(q - t_{k+1})/b) e^{-lam v}, weight of k+1 = 1 - v  (lam = h/b >= 0)
+            if k >= i:
+                amp = math.exp(-(t[k] - q) / b) * h / (2.0 * b * cq)
+                mass_all, mass_up = amp * i0, amp * i1
+            else:
+                amp = math.exp(-(q - t[k + 1]) / b) * h / (2.0 * b * cq)
+                mass_all, mass_up = amp * i0, amp * (i0 - i1)
             P[i, k + 1] += mass_up
             P[i, k] += mass_all - mass_up
     return P
@@ -834,7 +847,7 @@ def calibrate_discretized_scale(m: int, epsilon: float) -> float:
     def eps_of(b: float) -> float:
         return IntegerTable.from_probabilities(discretized_probabilities(b, m)).epsilon()
 
-    return _calibrate(eps_of, eps, 2.0 / eps, floor=1e-3 / (m - 1))
+    return _calibrate(eps_of, eps, 2.0 / eps, floor=1e-20)
 
 
 class DiscretizedBoundedLaplace:
