@@ -199,6 +199,9 @@ class PersonBudgetSketch:
             raw = base64.b64decode(str(state["counters"]), validate=True)
         except (KeyError, ValueError, TypeError, PrivacyParameterError) as e:
             raise BudgetStateError(f"budget state: PersonBudgetSketch field unreadable: {e}") from None
+        if len(raw) != 8 * width * depth:
+            raise BudgetStateError(f"budget state: counters must be {depth} x {width} doubles "
+                                   f"({8 * width * depth} bytes), got {len(raw)} bytes")
         counters = np.frombuffer(raw, dtype="<f8")
         if counters.size != width * depth or not np.all(np.isfinite(counters)) or np.any(counters < 0):
             raise BudgetStateError(f"budget state: counters must be {depth} x {width} finite non-negative doubles, "
