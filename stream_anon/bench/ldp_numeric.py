@@ -11,6 +11,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,13 @@ from stream_anon.bench import reachability
 from stream_anon.privacy.base import PrivacyParameterError, seeded_crypto_rng
 from stream_anon.privacy.bounded_laplace import (
     BoundedLaplace,
+    Calibration,
     DiscretizedBoundedLaplace,
     actual_epsilon,
     bounded_laplace_scale,
 )
 from stream_anon.privacy.dp_kmeans import (
+    Neighbouring,
     QuadTreeKMeans,
     nicv,
     relative_improvement,
@@ -37,6 +40,7 @@ from stream_anon.privacy.epsilon_selection import (
 )
 
 KMEANS_EPSILONS = (0.05, 0.1, 0.2, 0.5, 1.0)
+CALIBRATIONS: tuple[Calibration, ...] = ("exact", "patent")
 KMEANS_GAMMAS = (0.1, 0.3, 0.5, 0.7)
 
 
@@ -86,15 +90,15 @@ def _speed(quick: bool, seed: int) -> None:
         unsafe = BoundedLaplace(epsilon=1.0, lower=17, upper=90, unsafe_float=True, rng=_generator(gen, seed))
         dblap = DiscretizedBoundedLaplace(epsilon=1.0, categories=cats, rng=_generator(gen, seed))
         print(f"| BoundedLaplace.randomise_many (age, integer grid) | {gen} | {n:,} | "
-              f"{_rate(lambda m=blap: m.randomise_many(ages), n):,.0f} |")
+              f"{_rate(partial(blap.randomise_many, ages), n):,.0f} |")
         print(f"| BoundedLaplace.randomise_many ([-1, 1], grid 2^-7, real inputs) | {gen} | {n:,} | "
-              f"{_rate(lambda m=real: m.randomise_many(reals), n):,.0f} |")
+              f"{_rate(partial(real.randomise_many, reals), n):,.0f} |")
         print(f"| BoundedLaplace(unsafe_float=True) (age; not eps-DP, before) | {gen} | {n:,} | "
-              f"{_rate(lambda m=unsafe: m.randomise_many(ages), n):,.0f} |")
+              f"{_rate(partial(unsafe.randomise_many, ages), n):,.0f} |")
         print(f"| DiscretizedBoundedLaplace.randomise_indices (m=5) | {gen} | {n:,} | "
-              f"{_rate(lambda m=dblap: m.randomise_indices(idx), n):,.0f} |")
+              f"{_rate(partial(dblap.randomise_indices, idx), n):,.0f} |")
         print(f"| DiscretizedBoundedLaplace.randomise_many (strings) | {gen} | {n:,} | "
-              f"{_rate(lambda m=dblap: m.randomise_many(vals), n):,.0f} |")
+              f"{_rate(partial(dblap.randomise_many, vals), n):,.0f} |")
     print()
     print("## Continuous theory: naive scale dQ/eps vs the scale that gives eps (domain [-1, 1], width 2)\n")
     print("| sensitivity | eps | naive b | actual eps of naive b | Holohan b | actual eps of Holohan b |")
@@ -114,7 +118,7 @@ def _exact(quick: bool) -> None:
     for name, lo, hi, integer in (("age", 17, 90, True), ("hours-per-week", 1, 99, True),
                                   ("education-num", 1, 16, True), ("real", -1, 1, False)):
         for eps in (0.1, 1.0, 5.0):
-            for cal in ("exact", "patent"):
+            for cal in CALIBRATIONS:
                 m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=integer, calibration=cal)
                 print(f"| bounded Laplace {name} | [{lo}, {hi}] | {eps:g} | {cal} | {m.scale:.6g} | {len(m.grid)} | "
                       f"{m.epsilon!r} |")
@@ -122,7 +126,7 @@ def _exact(quick: bool) -> None:
     print(f"| bounded Laplace real, sensitivity 1 | [-1, 1] | 1 | exact | {m1.scale:.6g} | {len(m1.grid)} | "
           f"{m1.epsilon!r} |")
     for mm in (2, 3, 5, 16):
-        for cal in ("exact", "patent"):
+        for cal in CALIBRATIONS:
             d = DiscretizedBoundedLaplace(epsilon=1.0, categories=list(range(mm)), calibration=cal)
             print(f"| discretized bounded Laplace | m = {mm} | 1 | {cal} | {d.scale:.6g} | - | {d.epsilon!r} |")
     print()
@@ -140,16 +144,17 @@ def _exact(quick: bool) -> None:
     print("## DP k-means: exact eps of one window (eps = 1, gamma = 0.5, d = 2, max_depth 6)\n")
     print("| calibration | under replace-one | under add/remove |")
     print("|---|---:|---:|")
-    for cal in ("replace", "add_remove"):
-        km = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), neighbouring=cal)  # type: ignore[arg-type]
+    relations: tuple[Neighbouring, ...] = ("replace", "add_remove")
+    for relation in relations:
+        km = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), neighbouring=relation)
         cells = []
-        for rel in ("replace", "add_remove"):
+        for rel in relations:
             try:
-                t, c = window_epsilon(km.noise, rel)  # type: ignore[arg-type]
+                t, c = window_epsilon(km.noise, rel)
                 cells.append(f"{float(t + c):.4f} (tree {float(t):.4f} + leaves {float(c):.4f})")
             except PrivacyParameterError:
                 cells.append("inf (root count without noise)")
-        print(f"| {cal} (tree scale {km.noise.tree_scale}, leaf scale {km.noise.count_scale}) | "
+        print(f"| {relation} (tree scale {km.noise.tree_scale}, leaf scale {km.noise.count_scale}) | "
               f"{cells[0]} | {cells[1]} |")
     print()
     print("## Mean estimators on the grid: SD of one transformed report (exact, from the table)\n")
