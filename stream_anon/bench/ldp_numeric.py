@@ -253,10 +253,12 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     print(f"## Epsilon selection on ADULT (bounded Laplace, {runs} runs per eps)\n")
     for col, lo, hi, target in (("age", 17, 90, 5.0), ("hours-per-week", 1, 99, 5.0)):
         x = df[col].to_numpy(dtype=float)
-        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=target, metric="mae", grid=grid, runs=runs, rng=seed)
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=target, metric="mae", grid=grid, runs=runs,
+                                   integer=True, rng=seed)
         print(f"### {col}: smallest eps with mean absolute error <= {target:g} -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
-        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs, rng=seed)
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs,
+                                   integer=True, rng=seed)
         print(f"### {col}: smallest eps with |mean error| <= 0.5 (boundary-corrected mean) -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
     # categorical: education, ordered by education-num (ordinal), discretized bounded Laplace vs k-RR
@@ -279,7 +281,8 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     cgrid = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
     for score in ("accuracy", "balanced_accuracy"):
         c = select_epsilon_classifier(X, y, lower=[17, 1, 1], upper=[90, 16, 99], target=0.75 if score == "accuracy"
-                                      else 0.9, score=score, grid=cgrid, runs=runs, rng=seed)  # type: ignore[arg-type]
+                                      else 0.9, score=score, grid=cgrid, runs=runs, integer=True,
+                                      rng=seed)  # type: ignore[arg-type]
         print(f"### income ~ {', '.join(cols)} (logistic regression; eps per record split over 3 columns): "
               f"relative {score} -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
