@@ -246,7 +246,7 @@ def _build_grid_table(n_points: int, scale_steps: float) -> IntegerTable:
     return IntegerTable.from_probabilities(grid_laplace_probabilities(n_points, scale_steps))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=16)
 def grid_laplace_table(n_points: int, scale_steps: float) -> IntegerTable:
     """The integer table of the truncated discrete Laplace with scale t (in steps) on M points (cached)."""
     check_int(n_points, "n_points", 2, MAX_GRID_INTERVALS + 1)
@@ -268,6 +268,9 @@ def _calibrate(eps_of: Callable[[float], float], target: float, guess: float, fl
     hi = guess * (1.0 + step)
     while eps_of(hi) > target:
         step *= 4.0
+        if step > 1e15:
+            raise PrivacyParameterError(f"epsilon: {target!r} is below what a 2^62 integer table can resolve "
+                                        f"(even uniform noise states {eps_of(hi):.3g})")
         hi = guess * (1.0 + step)
     step = 1e-9
     lo = guess * (1.0 - step)
