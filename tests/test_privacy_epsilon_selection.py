@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from stream_anon.privacy.base import PrivacyParameterError
-from stream_anon.privacy.bounded_laplace import BoundedLaplace
+from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.epsilon_selection import (
     select_epsilon,
     select_epsilon_categorical,
@@ -67,12 +67,11 @@ def test_categorical_misclassification_curve() -> None:
     vals = rng.choice(cats, 5000)
     curve = select_epsilon_categorical(vals, categories=cats, target=0.3, grid=GRID, runs=2, rng=4)
     assert curve.values[0] > 0.6  # eps = 0.1: P(true) < 0.3
-    # exact expectation: 1 - sum_i share_i P(true | i) from the transition matrix
-    from stream_anon.privacy.bounded_laplace import discretized_transition_matrix
-
+    # exact expectation: 1 - sum_i share_i P(true | i) from the (exactly calibrated) transition matrix
     share = np.array([(vals == c).mean() for c in cats])
     for e, v, se in zip(curve.epsilons, curve.values, curve.std_errors, strict=True):
-        expected = 1 - float(share @ np.diag(discretized_transition_matrix(float(e), 5)))
+        p_true = DiscretizedBoundedLaplace(epsilon=float(e), categories=cats).p_true
+        expected = 1 - float(share @ p_true)
         assert abs(v - expected) <= 4 * max(se, np.sqrt(expected * (1 - expected) / (2 * 5000)))
     # stochastic rounding keeps an error ~ E|noise| / grid step even at eps = 30 (k-RR would be ~1e-12)
     assert 0.05 < curve.values[-1] < 0.2

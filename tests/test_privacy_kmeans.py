@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import time
+from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
 
+from stream_anon.privacy import dp_kmeans
 from stream_anon.privacy.base import PrivacyParameterError
 from stream_anon.privacy.dp_kmeans import (
     QuadTreeKMeans,
+    QuadTreeNoise,
     nicv,
     noisy_quadtree,
+    quadtree_noise,
     relative_improvement,
     weighted_kmeans,
+    window_epsilon,
 )
 
 
@@ -23,20 +29,47 @@ def _blobs(n: int, seed: int = 0, k: int = 5, sd: float = 0.04) -> np.ndarray:
     return np.clip(centers[rng.integers(0, k, n)] + rng.normal(0, sd, (n, 2)), 0, 1)
 
 
-def test_epsilon_accounting() -> None:
-    for eps, gamma in ((1.0, 0.3), (0.05, 0.7), (2.5, 0.5)):
-        m = QuadTreeKMeans(n_clusters=3, epsilon=eps, bounds=(0, 1), gamma=gamma, rng=0)
-        assert m.epsilon_tree == pytest.approx(gamma * eps)
-        assert m.epsilon_counts == pytest.approx((1 - gamma) * eps)
-        assert m.epsilon_tree + m.epsilon_counts == pytest.approx(m.epsilon)
-        assert m.epsilon == eps
+@pytest.mark.parametrize("neighbouring", ["replace", "add_remove"])
+def test_epsilon_accounting_is_exact_and_meets_the_targets(neighbouring: str) -> None:
+    for eps, gamma in ((1.0, 0.3), (0.05, 0.7), (2.5, 0.5), (0.3, 0.5)):
+        m = QuadTreeKMeans(n_clusters=3, epsilon=eps, bounds=([0, 0], [1, 1]), gamma=gamma,
+                           neighbouring=neighbouring, rng=0)  # type: ignore[arg-type]
+        tree, counts = window_epsilon(m.noise, neighbouring)  # type: ignore[arg-type]
+        assert (tree, counts) == (m.epsilon_tree_exact, m.epsilon_counts_exact)
+        assert Fraction(m.epsilon_tree) >= tree and Fraction(m.epsilon) >= tree + counts  # rounded up
+        assert m.epsilon_tree <= gamma * eps * (1 + 1e-15) and gamma * eps - m.epsilon_tree < 1e-5 * eps
+        assert m.epsilon_counts <= (1 - gamma) * eps * (1 + 1e-15)
+        assert m.epsilon <= eps * (1 + 1e-15) and eps - m.epsilon < 1e-5 * eps
+
+
+def test_issue_claim_paper_calibration_spends_1_833_per_window_under_replace_one() -> None:
+    """The add/remove calibration (Lap(D/eps1) per level incl. the root, Lap(1/eps2) leaves) on fixed-size windows:
+    the root count is public, every other level and the leaves have sensitivity 2: 2 eps1 (D-1)/D + 2 eps2."""
+    old = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), gamma=0.5, neighbouring="add_remove")
+    assert old.noise == QuadTreeNoise(6, Fraction(12), 0, Fraction(2))  # scales D/eps1 = 12, 1/eps2 = 2
+    tree, counts = window_epsilon(old.noise, "replace")
+    assert tree + counts == Fraction(11, 6)  # 1.8333...: 2 * 0.5 * 5/6 + 2 * 0.5
+    assert float(tree + counts) == pytest.approx(2 * 0.5 * 5 / 6 + 2 * 0.5)
+    new = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), gamma=0.5)
+    assert new.neighbouring == "replace"
+    assert new.noise == QuadTreeNoise(6, Fraction(20), 1, Fraction(4))  # 2 (D-1)/eps1 = 20, 2/eps2 = 4
+    assert window_epsilon(new.noise, "replace") == (Fraction(1, 2), Fraction(1, 2))
+    assert new.epsilon == 1.0
+    with pytest.raises(PrivacyParameterError, match="infinite"):  # no root noise: not DP for add/remove
+        window_epsilon(new.noise, "add_remove")
+
+
+def test_depth_one_tree_spends_nothing_on_the_tree_under_replace() -> None:
+    noise = quadtree_noise(epsilon_tree=0.5, epsilon_counts=0.5, max_depth=1, neighbouring="replace")
+    assert noise.tree_scale is None and noise.noisy_levels == 0
+    assert window_epsilon(noise, "replace") == (Fraction(0), Fraction(1, 2))
 
 
 def test_leaves_partition_the_box_and_counts_are_exact_without_noise() -> None:
     X = _blobs(20_000, seed=1)
     rng = np.random.default_rng(0)
-    coords, depths, counts, _ = noisy_quadtree(X, epsilon_tree=1e9, epsilon_counts=1e9, max_depth=5,
-                                               threshold=200.0, rng=rng)
+    no_noise = QuadTreeNoise(5, None, 5, Fraction(1, 1 << 20))  # leaf noise scale 2^-20: |Z| >= 1 w.p. ~e^-2^20
+    coords, depths, counts, _ = noisy_quadtree(X, noise=no_noise, threshold=200.0, rng=rng)
     side = 1.0 / (1 << depths)
     assert np.sum(side ** 2) == pytest.approx(1.0)  # leaves tile the unit box
     # without noise the leaf counts are the true counts and the split rule is exact
@@ -139,36 +172,35 @@ def test_uniquad_speed_100k_points_under_2s() -> None:
     assert time.perf_counter() - t < 2.0
 
 
-class _RecordingRng:
-    """Wraps a Generator and records every Laplace draw (scale, size) made by the tree."""
+@pytest.mark.parametrize("neighbouring", ["replace", "add_remove"])
+def test_tree_noise_scales_compose_to_epsilon(neighbouring: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record every discrete Laplace draw of a fit: its scale and the number of counts it perturbs."""
+    calls: list[tuple[Fraction, int]] = []
+    real = dp_kmeans.sample_discrete_laplace
 
-    def __init__(self, seed: int) -> None:
-        self.gen = np.random.default_rng(seed)
-        self.laplace_calls: list[tuple[float, int]] = []
+    def recording(rng: Any, scale: Fraction, size: int) -> np.ndarray:
+        calls.append((scale, int(size)))
+        return real(rng, scale, size)
 
-    def laplace(self, loc: float, scale: float, size: tuple[int, ...]) -> np.ndarray:
-        self.laplace_calls.append((float(scale), int(np.prod(size))))
-        return self.gen.laplace(loc, scale, size=size)
-
-    def random(self, size: tuple[int, ...] | int | None = None) -> object:
-        return self.gen.random(size)
-
-
-def test_tree_noise_scales_compose_to_epsilon() -> None:
-    """Split levels use Lap(max_depth / eps1) (one count per node, nodes of a level disjoint), leaves Lap(1/eps2)."""
+    monkeypatch.setattr(dp_kmeans, "sample_discrete_laplace", recording)
     X = _blobs(20_000, seed=11)
-    rec = _RecordingRng(0)
-    eps1, eps2, depth = 0.3, 0.7, 6
-    coords, depths, counts, _ = noisy_quadtree(X, epsilon_tree=eps1, epsilon_counts=eps2, max_depth=depth,
-                                               threshold=50.0, rng=rec)  # type: ignore[arg-type]
-    *split_calls, leaf_call = rec.laplace_calls
-    assert 1 <= len(split_calls) <= depth
-    assert all(s == pytest.approx(depth / eps1) for s, _ in split_calls)
-    assert leaf_call == (pytest.approx(1 / eps2), len(depths))
-    # sensitivity 1 per call: eps1/depth per level, at most depth levels; eps2 for the disjoint leaves
-    spent_tree = sum(1.0 / s for s, _ in split_calls)
-    assert spent_tree <= eps1 + 1e-12
-    assert spent_tree + 1.0 / leaf_call[0] <= eps1 + eps2 + 1e-12
+    m = QuadTreeKMeans(n_clusters=5, epsilon=1.0, gamma=0.3, bounds=([0, 0], [1, 1]), max_depth=6,
+                       neighbouring=neighbouring, rng=0).fit(X)  # type: ignore[arg-type]
+    *split_calls, leaf_call = calls
+    assert m.leaves_ is not None and leaf_call[1] == len(m.leaves_)
+    sens, root = (2, 0) if neighbouring == "replace" else (1, 1)
+    noisy_levels = 6 - 1 if neighbouring == "replace" else 6
+    assert 1 <= len(split_calls) <= noisy_levels  # the tree may stop early
+    assert all(sc == m.noise.tree_scale for sc, _ in split_calls)
+    if neighbouring == "replace":
+        assert split_calls[0][1] == 4  # the root (exact count n) split without noise: level 1 has 2^2 nodes
+    else:
+        assert split_calls[0][1] == 1 and root == 1
+    # eps: sensitivity / scale per possible noisy level (whether or not reached), plus the leaves
+    spent_tree = noisy_levels * Fraction(sens) / m.noise.tree_scale  # type: ignore[operator]
+    spent = spent_tree + Fraction(sens) / leaf_call[0]
+    assert spent == m.epsilon_tree_exact + m.epsilon_counts_exact
+    assert float(spent) <= 1.0
 
 
 def test_accountant_is_charged_and_stops_when_exhausted() -> None:
@@ -176,8 +208,8 @@ def test_accountant_is_charged_and_stops_when_exhausted() -> None:
 
     X = _blobs(2000, seed=12)
     acc = BudgetAccountant(total_epsilon=1.0)
-    QuadTreeKMeans(n_clusters=3, epsilon=0.6, bounds=(0, 1), rng=0).fit(X, accountant=acc)
-    assert acc.spent == pytest.approx(0.6)
+    first = QuadTreeKMeans(n_clusters=3, epsilon=0.6, bounds=(0, 1), rng=0).fit(X, accountant=acc)
+    assert acc.spent == first.epsilon and acc.spent == pytest.approx(0.6, rel=1e-5)
     m = QuadTreeKMeans(n_clusters=3, epsilon=0.6, bounds=(0, 1), rng=0)
     with pytest.raises(BudgetExhaustedError):
         m.fit(X, accountant=acc)

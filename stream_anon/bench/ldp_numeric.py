@@ -11,17 +11,28 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from stream_anon.bench import reachability
+from stream_anon.privacy.base import PrivacyParameterError, seeded_crypto_rng
 from stream_anon.privacy.bounded_laplace import (
     BoundedLaplace,
+    Calibration,
     DiscretizedBoundedLaplace,
     actual_epsilon,
     bounded_laplace_scale,
 )
-from stream_anon.privacy.dp_kmeans import QuadTreeKMeans, nicv, relative_improvement, weighted_kmeans
+from stream_anon.privacy.dp_kmeans import (
+    Neighbouring,
+    QuadTreeKMeans,
+    nicv,
+    relative_improvement,
+    weighted_kmeans,
+    window_epsilon,
+)
 from stream_anon.privacy.epsilon_selection import (
     select_epsilon_categorical,
     select_epsilon_classifier,
@@ -29,6 +40,7 @@ from stream_anon.privacy.epsilon_selection import (
 )
 
 KMEANS_EPSILONS = (0.05, 0.1, 0.2, 0.5, 1.0)
+CALIBRATIONS: tuple[Calibration, ...] = ("exact", "patent")
 KMEANS_GAMMAS = (0.1, 0.3, 0.5, 0.7)
 
 
@@ -39,42 +51,65 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--adult", default=None, help="path of adult.data (default $STREAM_ANON_ADULT)")
     p.add_argument("--clusters", type=int, default=5, help="k for the DP k-means tables (default 5)")
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
-    p.add_argument("--skip", nargs="*", default=[], choices=["speed", "mean", "select", "kmeans"],
-                   help="sections to skip")
+    p.add_argument("--skip", nargs="*", default=[],
+                   choices=["speed", "exact", "reachability", "mean", "select", "kmeans"], help="sections to skip")
     return p
 
 
 def _rate(fn: Callable[[], Any], n: int, repeats: int = 3) -> float:
+    """Values per second, best of ``repeats`` wall-clock runs after a warm-up."""
+    return _rates(fn, n, repeats)[0]
+
+
+def _rates(fn: Callable[[], Any], n: int, repeats: int = 3) -> tuple[float, float]:
+    """(values per wall second, values per CPU second of this process), each the best of ``repeats`` runs.
+
+    The CPU figure is the one to compare on a loaded machine (the code is single-threaded numpy)."""
     fn()
-    best = math.inf
+    best_wall = best_cpu = math.inf
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t)
-    return n / best
+        best_wall = min(best_wall, time.perf_counter() - t)
+        best_cpu = min(best_cpu, time.process_time() - c)
+    return n / best_wall, n / max(best_cpu, 1e-9)
+
+
+def _generator(name: str, seed: int) -> np.random.Generator:
+    """ChaCha20 (default noise generator; seeded here) or PCG64 (numpy's default, used before; not cryptographic)."""
+    return seeded_crypto_rng(seed) if name == "ChaCha20" else np.random.default_rng(seed)
 
 
 def _speed(quick: bool, seed: int) -> None:
     n = 200_000 if quick else 1_000_000
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(17, 90, n)
-    blap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, rng=seed)
+    data = np.random.default_rng(seed)
+    ages = data.integers(17, 91, n).astype(np.float64)
+    reals = data.uniform(-1.0, 1.0, n)
     cats = ["Preschool", "HS-grad", "Some-college", "Bachelors", "Masters"]
-    dblap = DiscretizedBoundedLaplace(epsilon=1.0, categories=cats, rng=seed)
-    idx = rng.integers(0, 5, n)
+    idx = data.integers(0, 5, n)
     vals = np.array(cats, dtype=object)[idx]
-    snap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, snap_bits=20, rng=seed)
     print("## Speed (one core, best of 3)\n")
-    print("| mechanism | values | values/s |")
-    print("|---|---:|---:|")
-    print(f"| BoundedLaplace.randomise_many | {n:,} | {_rate(lambda: blap.randomise_many(x), n):,.0f} |")
-    print(f"| BoundedLaplace.randomise_many (snap_bits=20) | {n:,} | {_rate(lambda: snap.randomise_many(x), n):,.0f} |")
-    print(f"| DiscretizedBoundedLaplace.randomise_indices | {n:,} | "
-          f"{_rate(lambda: dblap.randomise_indices(idx), n):,.0f} |")
-    print(f"| DiscretizedBoundedLaplace.randomise_many (strings) | {n:,} | "
-          f"{_rate(lambda: dblap.randomise_many(vals), n):,.0f} |")
+    print("ChaCha20 = the default noise generator (randomgen ChaCha, 20 rounds; seeded here); PCG64 = numpy's "
+          "default, used before (not cryptographic): the difference is the cost of the CSPRNG.\n")
+    print("| mechanism | generator | values | values/s (wall) | values per CPU second |")
+    print("|---|---|---:|---:|---:|")
+    for gen in ("ChaCha20", "PCG64"):
+        blap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, integer=True, rng=_generator(gen, seed))
+        real = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, rng=_generator(gen, seed))
+        unsafe = BoundedLaplace(epsilon=1.0, lower=17, upper=90, unsafe_float=True, rng=_generator(gen, seed))
+        dblap = DiscretizedBoundedLaplace(epsilon=1.0, categories=cats, rng=_generator(gen, seed))
+        print(f"| BoundedLaplace.randomise_many (age, integer grid) | {gen} | {n:,} | "
+              f"{_fmt_rates(partial(blap.randomise_many, ages), n)} |")
+        print(f"| BoundedLaplace.randomise_many ([-1, 1], grid 2^-7, real inputs) | {gen} | {n:,} | "
+              f"{_fmt_rates(partial(real.randomise_many, reals), n)} |")
+        print(f"| BoundedLaplace(unsafe_float=True) (age; not eps-DP, before) | {gen} | {n:,} | "
+              f"{_fmt_rates(partial(unsafe.randomise_many, ages), n)} |")
+        print(f"| DiscretizedBoundedLaplace.randomise_indices (m=5) | {gen} | {n:,} | "
+              f"{_fmt_rates(partial(dblap.randomise_indices, idx), n)} |")
+        print(f"| DiscretizedBoundedLaplace.randomise_many (strings) | {gen} | {n:,} | "
+              f"{_fmt_rates(partial(dblap.randomise_many, vals), n)} |")
     print()
-    print("## Naive scale dQ/eps vs the scale that gives eps (domain [-1, 1], width 2)\n")
+    print("## Continuous theory: naive scale dQ/eps vs the scale that gives eps (domain [-1, 1], width 2)\n")
     print("| sensitivity | eps | naive b | actual eps of naive b | Holohan b | actual eps of Holohan b |")
     print("|---:|---:|---:|---:|---:|---:|")
     for sens in (2.0, 1.0, 0.5, 0.1):
@@ -83,12 +118,90 @@ def _speed(quick: bool, seed: int) -> None:
             print(f"| {sens:g} | {eps:g} | {sens / eps:.4g} | {actual_epsilon(sens / eps, sens, 2.0):.4f} | "
                   f"{b:.4g} | {actual_epsilon(b, sens, 2.0):.4f} |")
     print()
-    print("## Discretized bounded Laplace vs k-RR, m = 5: P(report = true category)\n")
-    print("| eps | DBL P(true) per category (ends .. middle) | k-RR P(true) |")
-    print("|---:|---|---:|")
-    for eps in (0.5, 1.0, 2.0, 5.0, 10.0):
-        p = DiscretizedBoundedLaplace(epsilon=eps, categories=cats).p_true
-        print(f"| {eps:g} | {', '.join(f'{v:.3f}' for v in p)} | {math.exp(eps) / (math.exp(eps) + 4):.3f} |")
+
+
+def _fmt_rates(fn: Callable[[], Any], n: int) -> str:
+    wall, cpu = _rates(fn, n)
+    return f"{wall:,.0f} | {cpu:,.0f}"
+
+
+def _exact(quick: bool) -> None:
+    print("## Stated vs exact eps (grid tables; exact value rounded up by < 1e-12)\n")
+    print("| mechanism | domain / m | target eps | calibration | scale b | grid points | exact eps |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for name, lo, hi, integer in (("age", 17, 90, True), ("hours-per-week", 1, 99, True),
+                                  ("education-num", 1, 16, True), ("real", -1, 1, False)):
+        for eps in (0.1, 1.0, 5.0):
+            for cal in CALIBRATIONS:
+                m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=integer, calibration=cal)
+                print(f"| bounded Laplace {name} | [{lo}, {hi}] | {eps:g} | {cal} | {m.scale:.6g} | {len(m.grid)} | "
+                      f"{m.epsilon!r} |")
+    m1 = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, sensitivity=1.0)
+    print(f"| bounded Laplace real, sensitivity 1 | [-1, 1] | 1 | exact | {m1.scale:.6g} | {len(m1.grid)} | "
+          f"{m1.epsilon!r} |")
+    for mm in (2, 3, 5, 16):
+        for cal in CALIBRATIONS:
+            d = DiscretizedBoundedLaplace(epsilon=1.0, categories=list(range(mm)), calibration=cal)
+            print(f"| discretized bounded Laplace | m = {mm} | 1 | {cal} | {d.scale:.6g} | - | {d.epsilon!r} |")
+    print()
+    print("## Discretized bounded Laplace vs k-RR at the same exact eps: P(report = true category)\n")
+    print("| eps | m | DBL exact-calibrated P(true) (ends .. middle) | DBL patent b = 2/eps P(true) (its exact eps) | "
+          "k-RR P(true) |")
+    print("|---:|---:|---|---|---:|")
+    for mm in (2, 5, 16):
+        for eps in (0.5, 1.0, 2.0, 5.0):
+            d = DiscretizedBoundedLaplace(epsilon=eps, categories=list(range(mm)))
+            pat = DiscretizedBoundedLaplace(epsilon=eps, categories=list(range(mm)), calibration="patent")
+            print(f"| {eps:g} | {mm} | {_half(d.p_true)} | {_half(pat.p_true)} ({pat.epsilon:.3f}) | "
+                  f"{math.exp(eps) / (math.exp(eps) + mm - 1):.3f} |")
+    print()
+    print("## DP k-means: exact eps of one window (eps = 1, gamma = 0.5, d = 2, max_depth 6)\n")
+    print("| calibration | under replace-one | under add/remove |")
+    print("|---|---:|---:|")
+    relations: tuple[Neighbouring, ...] = ("replace", "add_remove")
+    for relation in relations:
+        km = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), neighbouring=relation)
+        cells = []
+        for rel in relations:
+            try:
+                t, c = window_epsilon(km.noise, rel)
+                cells.append(f"{float(t + c):.4f} (tree {float(t):.4f} + leaves {float(c):.4f})")
+            except PrivacyParameterError:
+                cells.append("inf (root count without noise)")
+        print(f"| {relation} (tree scale {km.noise.tree_scale}, leaf scale {km.noise.count_scale}) | "
+              f"{cells[0]} | {cells[1]} |")
+    print()
+    print("## Mean estimators on the grid: SD of one transformed report (exact, from the table)\n")
+    print("| attribute | eps | unbiased h = P^-1 x: SD mid / end | boundary-corrected w=0.1: SD mid / end | "
+          "its max bias | continuous formula on the grid: max bias |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, lo, hi, integer in (("age", 17, 90, True), ("hours-per-week", 1, 99, True),
+                                  ("education-num", 1, 16, True), ("real [-1, 1]", -1, 1, False)):
+        for eps in (0.1, 1.0, 5.0):
+            m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=integer)
+            P, x = m.transition_matrix, m.grid
+            mid = len(x) // 2
+            cells = []
+            for w in (0.0, 0.1):
+                h = m.unbiased_transform(x, boundary_width=w)
+                sd = np.sqrt(np.maximum(P @ (h * h) - (P @ h) ** 2, 0.0))
+                cells.append(f"{sd[mid]:.2f} / {sd[0]:.2f}")
+            cont = BoundedLaplace(scale=m.scale, lower=lo, upper=hi, unsafe_float=True)
+            hc = cont.unbiased_transform(x)
+            print(f"| {name} | {eps:g} | {cells[0]} | {cells[1]} | {m.max_transform_bias():.3f} | "
+                  f"{np.abs(P @ hc - x).max():.3f} |")
+    print()
+
+
+def _half(p: np.ndarray) -> str:
+    """The first half of a symmetric vector (ends .. middle), 3 decimals."""
+    return ", ".join(f"{v:.3f}" for v in p[: (len(p) + 1) // 2])
+
+
+def _reachability(quick: bool, seed: int) -> None:
+    n = 50_000 if quick else 200_000
+    print(f"## Exact reachability (n = {n:,} outputs per pair; `python -m stream_anon.bench.reachability`)\n")
+    print(reachability.report(epsilons=(1.0,), n=n, seed=seed))
     print()
 
 
@@ -100,15 +213,16 @@ def _adult(path: str | None) -> Any:
 
 def _mean_estimators(df: Any, quick: bool, seed: int) -> None:
     runs = 5 if quick else 50
-    print(f"## Mean estimators on ADULT ({runs} seeded runs): bias and SD of the estimate\n")
-    print("| attribute | eps | boundary-corrected bias | SD | aggregate bias | SD | per-value bias | SD |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    rng = np.random.default_rng(seed)
+    methods = ("boundary-corrected", "unbiased", "aggregate", "per-value")
+    print(f"## Mean estimators on ADULT ({runs} seeded runs, integer grid): bias and SD of the estimate\n")
+    print("| attribute | eps | " + " | ".join(f"{m} bias | SD" for m in methods) + " |")
+    print("|---|---:|" + "---:|---:|" * len(methods))
+    rng = seeded_crypto_rng(seed)
     for col, lo, hi in (("age", 17, 90), ("hours-per-week", 1, 99)):
         x = df[col].to_numpy(dtype=float)
         for eps in (0.5, 1.0, 2.0, 5.0):
-            m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, rng=rng)
-            res: dict[str, list[float]] = {"boundary-corrected": [], "aggregate": [], "per-value": []}
+            m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=True, rng=rng)
+            res: dict[str, list[float]] = {meth: [] for meth in methods}
             for _ in range(runs):
                 y = m.randomise_many(x)
                 for meth, lst in res.items():
@@ -119,6 +233,18 @@ def _mean_estimators(df: Any, quick: bool, seed: int) -> None:
                 cells.append(f"{a.mean() - x.mean():+.3f} | {a.std(ddof=1):.3f}")
             print(f"| {col} | {eps:g} | " + " | ".join(cells) + " |")
     print()
+    print("Exact bias of the boundary-corrected estimator on these data (from the table, no sampling):\n")
+    print("| attribute | eps | E[estimate] - mean | max_transform_bias |")
+    print("|---|---:|---:|---:|")
+    for col, lo, hi in (("age", 17, 90), ("hours-per-week", 1, 99)):
+        x = df[col].to_numpy(dtype=float)
+        for eps in (0.5, 1.0, 2.0, 5.0):
+            m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=True)
+            h = m.unbiased_transform(m.grid)
+            rows = (x - lo).astype(np.int64)
+            expected = float(np.mean((m.transition_matrix @ h)[rows]))
+            print(f"| {col} | {eps:g} | {expected - x.mean():+.4f} | {m.max_transform_bias():.3f} |")
+    print()
 
 
 def _selection(df: Any, quick: bool, seed: int) -> None:
@@ -127,10 +253,12 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     print(f"## Epsilon selection on ADULT (bounded Laplace, {runs} runs per eps)\n")
     for col, lo, hi, target in (("age", 17, 90, 5.0), ("hours-per-week", 1, 99, 5.0)):
         x = df[col].to_numpy(dtype=float)
-        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=target, metric="mae", grid=grid, runs=runs, rng=seed)
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=target, metric="mae", grid=grid, runs=runs,
+                                   integer=True, rng=seed)
         print(f"### {col}: smallest eps with mean absolute error <= {target:g} -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
-        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs, rng=seed)
+        c = select_epsilon_numeric(x, lower=lo, upper=hi, target=0.5, metric="mean", grid=grid, runs=runs,
+                                   integer=True, rng=seed)
         print(f"### {col}: smallest eps with |mean error| <= 0.5 (boundary-corrected mean) -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
     # categorical: education, ordered by education-num (ordinal), discretized bounded Laplace vs k-RR
@@ -153,7 +281,8 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     cgrid = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
     for score in ("accuracy", "balanced_accuracy"):
         c = select_epsilon_classifier(X, y, lower=[17, 1, 1], upper=[90, 16, 99], target=0.75 if score == "accuracy"
-                                      else 0.9, score=score, grid=cgrid, runs=runs, rng=seed)  # type: ignore[arg-type]
+                                      else 0.9, score=score, grid=cgrid, runs=runs, integer=True,
+                                      rng=seed)  # type: ignore[arg-type]
         print(f"### income ~ {', '.join(cols)} (logistic regression; eps per record split over 3 columns): "
               f"relative {score} -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
@@ -241,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# stream-anon bench ldp-numeric{' --quick' if quick else ''} (runs = {runs}, seed = {args.seed})\n")
     if "speed" not in args.skip:
         _speed(quick, args.seed)
+    if "exact" not in args.skip:
+        _exact(quick)
+    if "reachability" not in args.skip:
+        _reachability(quick, args.seed)
     df = None
     if {"mean", "select", "kmeans"} - set(args.skip):
         from stream_anon.core.datasets import DatasetError

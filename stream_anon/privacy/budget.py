@@ -8,6 +8,11 @@
   (:func:`sequential_composition`) unless a per-record total is split among them (:func:`split_budget`).
 * :class:`WindowedBudget`: a budget per stream window (e.g. one DP k-means release per window); it
   resets when a new window starts and refuses to reopen a window it has left.
+* Persistence: ``to_dict()`` / ``from_dict()`` give a JSON-serializable state (exact: the compensated sum is
+  stored as its two doubles) that the service writes to its ledger and restores at start, so a restart cannot
+  reset a cumulative budget; ``from_dict`` refuses a malformed state with :class:`BudgetStateError` naming the
+  field.  Every spend returns a :class:`BudgetSpend` with the cumulative ``spent_after`` and the
+  ``remaining_after`` to report.
 
 Sequential composition (Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", Thm 3.16):
 mechanisms with eps_1..eps_m applied to the same individual's data are (sum eps_i)-DP.
@@ -26,6 +31,13 @@ from stream_anon.privacy.base import PrivacyParameterError, check_epsilon
 RELATIVE_TOLERANCE = 1e-9
 
 
+class BudgetStateError(ValueError):
+    """A persisted budget state cannot be read; the message names the field, what was expected and the value."""
+
+
+STATE_VERSION = 1
+
+
 class BudgetExhaustedError(RuntimeError):
     """A release would spend more eps than remains; nothing was spent."""
 
@@ -39,11 +51,17 @@ class BudgetExhaustedError(RuntimeError):
 
 @dataclass(frozen=True)
 class BudgetSpend:
-    """One spend: what it was for, its eps, and the cumulative eps after it."""
+    """One spend: what it was for, its eps, the cumulative eps after it and what then remains of ``total``."""
 
     label: str
     epsilon: float
     spent_after: float
+    remaining_after: float = math.nan
+    total: float = math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "epsilon": self.epsilon, "spent_after": self.spent_after,
+                "remaining_after": self.remaining_after, "total": self.total}
 
 
 def _tolerance(total: float) -> float:
@@ -98,12 +116,83 @@ class BudgetAccountant:
             self._compensation += (eps - t) + self._spent
         self._spent = t
         self.n_spends += 1
-        record = BudgetSpend(label=str(label), epsilon=eps, spent_after=self.spent)
+        record = BudgetSpend(label=str(label), epsilon=eps, spent_after=self.spent, remaining_after=self.remaining,
+                             total=self.total_epsilon)
         self._history.append(record)
         return record
 
     def __repr__(self) -> str:
         return f"BudgetAccountant(total_epsilon={self.total_epsilon!r}, spent={self.spent:.6g}, spends={self.n_spends})"
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self, *, history: int = 100) -> dict[str, Any]:
+        """JSON-serializable state: total, the exact compensated spent (two doubles), spends, last ``history``."""
+        return {
+            "kind": "BudgetAccountant", "version": STATE_VERSION, "total_epsilon": self.total_epsilon,
+            "spent": self.spent, "spent_sum": self._spent, "spent_compensation": self._compensation,
+            "n_spends": self.n_spends, "max_history": self._history.maxlen,
+            "history": [h.to_dict() for h in list(self._history)[-history:]] if history > 0 else [],
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any], *, total_epsilon: float | None = None) -> BudgetAccountant:
+        """Restore a state written by :meth:`to_dict`.
+
+        ``total_epsilon`` (e.g. from the current configuration) replaces the stored total; what was spent is
+        kept either way, so raising the total resumes releases and lowering it below ``spent`` leaves 0.
+        Raises :class:`BudgetStateError` for anything malformed (never a silently empty budget).
+        """
+        _expect_kind(state, "BudgetAccountant")
+        total = _state_number(state, "total_epsilon", positive=True) if total_epsilon is None \
+            else check_epsilon(total_epsilon, "total_epsilon")
+        spent_sum = _state_number(state, "spent_sum")
+        comp = _state_number(state, "spent_compensation")
+        n_spends = _state_int(state, "n_spends")
+        max_history = _state_int(state, "max_history", minimum=1)
+        if spent_sum < 0 or spent_sum + comp < 0:
+            raise BudgetStateError(f"budget state: spent_sum + spent_compensation must be >= 0, got "
+                                   f"{spent_sum!r} + {comp!r}")
+        if "spent" in state and abs(float(state["spent"]) - (spent_sum + comp)) > 1e-9 * max(1.0, spent_sum):
+            raise BudgetStateError(f"budget state: spent={state['spent']!r} disagrees with spent_sum + "
+                                   f"spent_compensation = {spent_sum + comp!r}")
+        acc = cls(total_epsilon=total, max_history=max_history)
+        acc._spent, acc._compensation, acc.n_spends = spent_sum, comp, n_spends
+        hist = state.get("history", [])
+        if not isinstance(hist, list):
+            raise BudgetStateError(f"budget state: history must be a list, got {type(hist).__name__}")
+        for i, h in enumerate(hist):
+            try:
+                acc._history.append(BudgetSpend(label=str(h["label"]), epsilon=float(h["epsilon"]),
+                                                spent_after=float(h["spent_after"]),
+                                                remaining_after=float(h.get("remaining_after", math.nan)),
+                                                total=float(h.get("total", math.nan))))
+            except (KeyError, TypeError, ValueError) as e:
+                raise BudgetStateError(f"budget state: history[{i}] is not a spend record ({e!r}): {h!r}") from None
+        return acc
+
+
+def _expect_kind(state: Any, kind: str) -> None:
+    if not isinstance(state, Mapping):
+        raise BudgetStateError(f"budget state: expected a mapping, got {type(state).__name__}")
+    if state.get("kind") != kind:
+        raise BudgetStateError(f"budget state: kind must be {kind!r}, got {state.get('kind')!r}")
+    if state.get("version") != STATE_VERSION:
+        raise BudgetStateError(f"budget state: version must be {STATE_VERSION}, got {state.get('version')!r}")
+
+
+def _state_number(state: Mapping[str, Any], key: str, *, positive: bool = False) -> float:
+    v = state.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (positive and v <= 0):
+        raise BudgetStateError(f"budget state: {key} must be a finite{' positive' if positive else ''} number, "
+                               f"got {v!r}")
+    return float(v)
+
+
+def _state_int(state: Mapping[str, Any], key: str, *, minimum: int = 0) -> int:
+    v = state.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise BudgetStateError(f"budget state: {key} must be an integer >= {minimum}, got {v!r}")
+    return v
 
 
 def sequential_composition(epsilons: Iterable[float] | Mapping[Any, float]) -> float:
@@ -165,6 +254,7 @@ class WindowedBudget:
             self._accountant = BudgetAccountant(total_epsilon=self.epsilon_per_window, max_history=self._max_history)
 
     def spend(self, epsilon: float, label: str = "", *, window: Hashable) -> BudgetSpend:
+        """Spend in ``window`` (entering it if new); the record's ``remaining_after`` is that window's rest."""
         self._enter(window)
         try:
             return self._accountant.spend(epsilon, f"{label} (window {window!r})" if label else f"window {window!r}")
@@ -192,3 +282,30 @@ class WindowedBudget:
     def history(self) -> list[BudgetSpend]:
         """Spends of the current window."""
         return self._accountant.history
+
+    @property
+    def current_remaining(self) -> float:
+        """What remains in the current window (the whole per-window budget before the first window)."""
+        return self._accountant.remaining
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable state (the window key must itself be JSON-serializable: int or str)."""
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int | str)):
+            raise BudgetStateError(f"window: only int or str window keys can be persisted, got {self.window!r}")
+        return {"kind": "WindowedBudget", "version": STATE_VERSION, "epsilon_per_window": self.epsilon_per_window,
+                "window": self.window, "windows_seen": self.windows_seen,
+                "current": self._accountant.to_dict()}
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> WindowedBudget:
+        _expect_kind(state, "WindowedBudget")
+        per_window = _state_number(state, "epsilon_per_window", positive=True)
+        window = state.get("window")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int | str)):
+            raise BudgetStateError(f"budget state: window must be null, an int or a str, got {window!r}")
+        wb = cls(epsilon_per_window=per_window)
+        wb.window = window
+        wb.windows_seen = _state_int(state, "windows_seen")
+        wb._accountant = BudgetAccountant.from_dict(state.get("current"), total_epsilon=per_window)  # type: ignore[arg-type]
+        wb._max_history = wb._accountant._history.maxlen or 1
+        return wb

@@ -5,15 +5,14 @@ References
 * QuadkDP: Goo, Hong & Shim, "Differentially private k-means clustering based on a quadtree" (J. KIISE 2018).
 * UniQuadkDP: Hong, Goo & Shim (uniform sampling inside the quadtree leaves).
 
-Algorithm (d-dimensional points in a PUBLIC box, 2^d-ary tree):
+Algorithm (d-dimensional points in a PUBLIC box, 2^d-ary tree, D = max_depth):
 
-1. Tree (eps1 = gamma * eps).  Level l = 0 .. max_depth-1: every node of level l gets a noisy count
-   c + Lap(max_depth / eps1); a node splits into its 2^d children iff the noisy count exceeds ``threshold``.
-   Nodes of one level are disjoint (parallel composition: one record changes one count by 1), and the
-   ``max_depth`` levels compose sequentially: eps1 / max_depth each, eps1 in total (whatever depth is reached).
-   Nodes that do not split, and all nodes of level max_depth, are the leaves.
-2. Leaf counts (eps2 = (1 - gamma) eps).  The leaves partition the box: one noisy count per leaf,
-   c + Lap(1 / eps2), negatives clipped to 0 (post-processing).
+1. Tree (eps1 = gamma * eps).  Level l = 0 .. D-1: every node of level l gets a noisy count c + Z, Z discrete
+   Laplace (exact integer sampling, :mod:`stream_anon.privacy.discrete_laplace`); a node splits into its 2^d
+   children iff the noisy count exceeds ``threshold``.  Nodes of one level are disjoint, so one level is a
+   histogram query, and the levels compose sequentially.
+2. Leaf counts (eps2 = (1 - gamma) eps).  The leaves partition the box: one noisy count per leaf, c + Z,
+   negatives clipped to 0 (post-processing).
 3. Clustering (post-processing, no budget): weighted Lloyd k-means with k-means++ initialisation on
    * QuadkDP ("quad"): leaf centres weighted by their noisy counts;
    * UniQuadkDP ("uniquad"): ``samples_per_leaf`` = m points drawn uniformly in each leaf, weight count / m.
@@ -21,14 +20,26 @@ Algorithm (d-dimensional points in a PUBLIC box, 2^d-ary tree):
    positive leaf is represented by ceil(k / #positive) uniform points (the UniQuad representation); with no
    positive leaf at all, k-means++ runs on uniform points of the whole box (weight 1).  Never crashes.
 
-Total spent: eps1 + eps2 = eps (``.epsilon``).  Utility metric: NICV = (1/|D|) sum_x min_j ||x - c_j||^2 on the
-original data (``nicv``); RP = (NICV_Quad - NICV_UniQuad) / NICV_noprivacy (``relative_improvement``).
+**Neighbouring relation and noise.**  ``neighbouring="replace"`` (default): the data sets are windows of a FIXED
+number of records n (the stream is cut by count), so neighbours differ by replacing one record.  The root count
+is n (public, no noise); a replaced record leaves one cell and enters another, so each level's histogram and the
+leaf histogram have L1 sensitivity 2.  Noise: levels 1..D-1 get scale 2 (D-1)/eps1, the leaves 2/eps2.
+``neighbouring="add_remove"``: one record more or less, sensitivity 1 everywhere, root included: levels
+0..D-1 get scale D/eps1, leaves 1/eps2 (the paper's calibration).  The exact eps of a fit is
+sum over noisy levels of (sensitivity / level scale) + sensitivity / leaf scale, with the scales as the exact
+rationals that are sampled (``epsilon_tree``, ``epsilon_counts``, ``epsilon``; <= the targets).
+:func:`window_epsilon` evaluates any calibration under either relation: the paper's (add/remove) calibration
+spends 2 eps1 (D-1)/D + 2 eps2 under replace-one, 1.833 at eps = 1, gamma = 0.5, D = 6.
+
+Utility metric: NICV = (1/|D|) sum_x min_j ||x - c_j||^2 on the original data (``nicv``);
+RP = (NICV_Quad - NICV_UniQuad) / NICV_noprivacy (``relative_improvement``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
@@ -37,20 +48,88 @@ from stream_anon.privacy.base import (
     PrivacyParameterError,
     check_epsilon,
     check_int,
-    secure_rng,
+    crypto_rng,
+)
+from stream_anon.privacy.discrete_laplace import (
+    discrete_laplace_epsilon,
+    fraction_upper,
+    rational_scale,
+    sample_discrete_laplace,
 )
 
 __all__ = [
+    "NEIGHBOURING",
     "QuadTreeKMeans",
+    "QuadTreeNoise",
     "QuadTreeLeaves",
     "kmeans_plusplus",
     "nicv",
     "noisy_quadtree",
+    "quadtree_noise",
     "relative_improvement",
     "weighted_kmeans",
+    "window_epsilon",
 ]
 
 Variant = Literal["quad", "uniquad"]
+Neighbouring = Literal["replace", "add_remove"]
+NEIGHBOURING: tuple[str, ...] = ("replace", "add_remove")
+
+
+# ------------------------------------------------------------------------------------------ accounting
+@dataclass(frozen=True)
+class QuadTreeNoise:
+    """The noise of one fit: per-level scale of the tree (levels ``first_noisy_level`` .. D-1) and leaf scale.
+
+    Scales are the exact rationals sampled (discrete Laplace); ``None`` = that part adds no noise.
+    """
+
+    max_depth: int
+    tree_scale: Fraction | None
+    first_noisy_level: int
+    count_scale: Fraction
+
+    @property
+    def noisy_levels(self) -> int:
+        return max(0, self.max_depth - self.first_noisy_level) if self.tree_scale is not None else 0
+
+
+def window_epsilon(noise: QuadTreeNoise, neighbouring: Neighbouring) -> tuple[Fraction, Fraction]:
+    """Exact (tree, leaf counts) eps of one fit with this noise under a neighbouring relation.
+
+    replace-one (windows of fixed size): the root count is the window size, unchanged (sensitivity 0); every
+    other level and the leaves have L1 sensitivity 2.  add/remove: sensitivity 1 at every level and the leaves.
+    A level without noise (the root under ``"replace"``) must have sensitivity 0 under the relation, else
+    eps is infinite (raises).
+    """
+    if neighbouring not in NEIGHBOURING:
+        raise PrivacyParameterError(f"neighbouring: must be one of {NEIGHBOURING}, got {neighbouring!r}")
+    sens_root, sens = (0, 2) if neighbouring == "replace" else (1, 1)
+    tree = Fraction(0)
+    for level in range(noise.max_depth):
+        s_level = sens_root if level == 0 else sens
+        noisy = noise.tree_scale is not None and level >= noise.first_noisy_level
+        if not noisy:
+            if s_level:
+                raise PrivacyParameterError(f"level {level} has no noise but sensitivity {s_level} under "
+                                            f"{neighbouring!r}: eps is infinite")
+            continue
+        assert noise.tree_scale is not None
+        tree += discrete_laplace_epsilon(s_level, noise.tree_scale)
+    return tree, discrete_laplace_epsilon(sens, noise.count_scale)
+
+
+def quadtree_noise(*, epsilon_tree: float, epsilon_counts: float, max_depth: int,
+                   neighbouring: Neighbouring) -> QuadTreeNoise:
+    """The calibration that spends at most (epsilon_tree, epsilon_counts) under ``neighbouring`` (see module)."""
+    if neighbouring == "replace":
+        noisy = max_depth - 1  # levels 1 .. D-1; the root count is the public window size
+        tree_scale = rational_scale(2.0 * noisy / epsilon_tree) if noisy > 0 else None
+        return QuadTreeNoise(max_depth, tree_scale, 1, rational_scale(2.0 / epsilon_counts))
+    if neighbouring == "add_remove":
+        return QuadTreeNoise(max_depth, rational_scale(max_depth / epsilon_tree), 0,
+                             rational_scale(1.0 / epsilon_counts))
+    raise PrivacyParameterError(f"neighbouring: must be one of {NEIGHBOURING}, got {neighbouring!r}")
 
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -105,7 +184,7 @@ def weighted_kmeans(points: Any, weights: Any, n_clusters: int, *, rng: np.rando
     Requires at least ``n_clusters`` points with positive weight.  An empty cluster keeps its centre.
     The best of ``n_init`` seeded restarts (lowest weighted inertia) is returned.
     """
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     pts = np.asarray(points, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     k = check_int(n_clusters, "n_clusters", 1)
@@ -162,14 +241,15 @@ def _codes(coords: np.ndarray, level: int) -> np.ndarray:
     return code
 
 
-def noisy_quadtree(unit_points: np.ndarray, *, epsilon_tree: float, epsilon_counts: float, max_depth: int,
-                   threshold: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def noisy_quadtree(unit_points: np.ndarray, *, noise: QuadTreeNoise, threshold: float,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Build the noisy 2^d-ary tree on points of the unit box; returns (leaf coords, leaf depths, noisy counts, nodes).
 
     Leaf coords are integer cell coordinates at the leaf's depth (cell = coords / 2^depth .. (coords+1) / 2^depth).
+    Levels below ``noise.first_noisy_level`` (the root under replace-one) split on their exact count.
     """
     n, d = unit_points.shape
-    split_scale = max_depth / epsilon_tree
+    max_depth = noise.max_depth
     offsets = ((np.arange(2 ** d)[:, None] >> np.arange(d)[None, ::-1]) & 1).astype(np.int64)  # (2^d, d)
     node_coords = np.zeros((1, d), dtype=np.int64)
     pts = unit_points
@@ -185,13 +265,15 @@ def noisy_quadtree(unit_points: np.ndarray, *, epsilon_tree: float, epsilon_coun
         order = np.argsort(ncode)
         ncode_sorted = ncode[order]
         pos = np.searchsorted(ncode_sorted, pcode)  # every point lies in an active node
-        counts_sorted = np.bincount(pos, minlength=ncode.shape[0]).astype(np.float64)
+        counts_sorted = np.bincount(pos, minlength=ncode.shape[0])
         counts = np.empty_like(counts_sorted)
         counts[order] = counts_sorted
         if level == max_depth:
             split = np.zeros(ncode.shape[0], dtype=bool)
+        elif level < noise.first_noisy_level or noise.tree_scale is None:
+            split = counts > threshold
         else:
-            noisy = counts + rng.laplace(0.0, split_scale, size=counts.shape)
+            noisy = counts + sample_discrete_laplace(rng, noise.tree_scale, counts.shape[0])
             split = noisy > threshold
         leaf_coords.append(node_coords[~split])
         leaf_depths.append(np.full(int((~split).sum()), level, dtype=np.int64))
@@ -207,7 +289,8 @@ def noisy_quadtree(unit_points: np.ndarray, *, epsilon_tree: float, epsilon_coun
     coords = np.concatenate(leaf_coords, axis=0)
     depths = np.concatenate(leaf_depths)
     true_counts = np.concatenate(leaf_true)
-    noisy_counts = np.maximum(true_counts + rng.laplace(0.0, 1.0 / epsilon_counts, size=true_counts.shape), 0.0)
+    noise_z = sample_discrete_laplace(rng, noise.count_scale, true_counts.shape[0])
+    noisy_counts = np.maximum(true_counts + noise_z, 0).astype(np.float64)
     return coords, depths, noisy_counts, n_nodes
 
 
@@ -219,11 +302,17 @@ class QuadTreeKMeans:
     or length-d sequences, PUBLIC (never derived from the data); ``gamma`` in (0, 1): share for the tree;
     ``variant`` "quad" (leaf centres) or "uniquad" (uniform samples in leaves); ``max_depth`` (default
     max(1, 12 // d): 6 levels for d = 2); ``threshold`` on noisy counts for splitting (default
-    3 * sqrt(2) * max_depth / eps1, three noise standard deviations, so an empty node splits with probability
-    0.5 exp(-3 sqrt 2) = 0.7 %); ``samples_per_leaf`` m for "uniquad"; ``out_of_bounds`` "error" or "clip";
+    3 * sqrt(2) * tree noise scale, three noise standard deviations, so an empty node splits with probability
+    about 0.5 exp(-3 sqrt 2) = 0.7 %); ``samples_per_leaf`` m for "uniquad"; ``out_of_bounds`` "error" or "clip";
+    ``neighbouring`` "replace" (default: fixed-size windows) or "add_remove" (module docstring);
     ``n_init`` k-means restarts (post-processing); ``rng``.
+
+    ``epsilon_tree``, ``epsilon_counts`` and ``epsilon`` (their sum) are the EXACT eps one fit spends under
+    ``neighbouring`` (rounded up to a double; each <= its target gamma eps, (1 - gamma) eps), computed from the
+    noise scales actually sampled (``noise``).  They need the dimension d: from ``bounds`` (length-d), or, with
+    scalar bounds and no ``max_depth``, d = 1 until ``fit`` sees X (then recomputed).
     After ``fit``: ``cluster_centers_`` (k, d), ``leaves_`` (QuadTreeLeaves), ``fallback_`` (None or what was
-    done), ``epsilon`` (= epsilon_tree + epsilon_counts, what was spent).
+    done).
     """
 
     def __init__(
@@ -238,12 +327,16 @@ class QuadTreeKMeans:
         threshold: float | None = None,
         samples_per_leaf: int = 10,
         out_of_bounds: Literal["error", "clip"] = "error",
+        neighbouring: Neighbouring = "replace",
         n_init: int = 3,
         max_iter: int = 100,
         rng: np.random.Generator | int | None = None,
     ) -> None:
         self.n_clusters = check_int(n_clusters, "n_clusters", 1)
-        self.epsilon = check_epsilon(epsilon)
+        self.target_epsilon = check_epsilon(epsilon)
+        if neighbouring not in NEIGHBOURING:
+            raise PrivacyParameterError(f"neighbouring: must be one of {NEIGHBOURING}, got {neighbouring!r}")
+        self.neighbouring: Neighbouring = neighbouring
         if isinstance(gamma, bool) or not isinstance(gamma, int | float | np.floating) or not 0.0 < gamma < 1.0:
             raise PrivacyParameterError(f"gamma: must be in (0, 1), got {gamma!r}")
         self.gamma = float(gamma)
@@ -270,9 +363,10 @@ class QuadTreeKMeans:
         self.out_of_bounds = out_of_bounds
         self.n_init = check_int(n_init, "n_init", 1)
         self.max_iter = check_int(max_iter, "max_iter", 1)
-        self.rng = secure_rng(rng)
-        self.epsilon_tree = self.gamma * self.epsilon
-        self.epsilon_counts = self.epsilon - self.epsilon_tree
+        self.rng = crypto_rng(rng)
+        self.target_epsilon_tree = self.gamma * self.target_epsilon
+        self.target_epsilon_counts = self.target_epsilon - self.target_epsilon_tree
+        self._set_noise(self.lower.shape[0])
         self.cluster_centers_: np.ndarray | None = None
         self.leaves_: QuadTreeLeaves | None = None
         self.fallback_: str | None = None
@@ -280,8 +374,21 @@ class QuadTreeKMeans:
         self.max_depth_: int | None = None
 
     def __repr__(self) -> str:
-        return (f"QuadTreeKMeans(n_clusters={self.n_clusters}, epsilon={self.epsilon}, gamma={self.gamma}, "
-                f"variant={self.variant!r})")
+        return (f"QuadTreeKMeans(n_clusters={self.n_clusters}, epsilon={self.epsilon!r}, gamma={self.gamma}, "
+                f"variant={self.variant!r}, neighbouring={self.neighbouring!r})")
+
+    def _depth(self, d: int) -> int:
+        return self.max_depth if self.max_depth is not None else max(1, 12 // d)
+
+    def _set_noise(self, d: int) -> None:
+        """Noise scales for dimension d and the exact eps they spend under ``neighbouring``."""
+        self.noise = quadtree_noise(epsilon_tree=self.target_epsilon_tree, epsilon_counts=self.target_epsilon_counts,
+                                    max_depth=self._depth(d), neighbouring=self.neighbouring)
+        tree, counts = window_epsilon(self.noise, self.neighbouring)
+        self.epsilon_tree_exact, self.epsilon_counts_exact = tree, counts
+        self.epsilon_tree = fraction_upper(tree)
+        self.epsilon_counts = fraction_upper(counts)
+        self.epsilon = fraction_upper(tree + counts)
 
     def _unit(self, X: Any) -> np.ndarray:
         x = np.asarray(X, dtype=np.float64)
@@ -305,27 +412,31 @@ class QuadTreeKMeans:
         return np.clip((x - self.lower) / (self.upper - self.lower), 0.0, 1.0)
 
     def fit(self, X: Any, *, accountant: Any = None) -> QuadTreeKMeans:
-        """Build the noisy tree (spends eps) and cluster its synthetic weighted points.
+        """Build the noisy tree (spends ``epsilon``) and cluster its synthetic weighted points.
 
-        ``accountant``: optional object with ``spend(epsilon, label)`` (e.g. ``BudgetAccountant``), charged
-        eps before any noise is drawn; if it raises (budget exhausted) nothing is computed or released.
+        ``accountant``: optional object with ``spend(epsilon, label)`` (e.g. ``BudgetAccountant``), charged the
+        exact ``epsilon`` before any noise is drawn; if it raises (budget exhausted) nothing is computed.
+        Under ``"replace"`` the window size n = len(X) is treated as public (it is the fixed window length).
         """
         u = self._unit(X)
         d = u.shape[1]
         if d > 16:
             raise PrivacyParameterError(f"X: at most 16 dimensions (2^d children per split), got d={d}")
-        max_depth = self.max_depth if self.max_depth is not None else max(1, 12 // d)
+        max_depth = self._depth(d)
         if d * max_depth > 62:
             raise PrivacyParameterError(f"max_depth: d * max_depth must be <= 62, got {d} * {max_depth}")
+        if max_depth != self.noise.max_depth:
+            self._set_noise(d)
         if accountant is not None:
             accountant.spend(self.epsilon, f"dp-kmeans {self.variant} (tree {self.epsilon_tree:g} + "
-                                           f"leaf counts {self.epsilon_counts:g})")
+                                           f"leaf counts {self.epsilon_counts:g}, {self.neighbouring})")
+        tree_scale = self.noise.tree_scale
         threshold = (self.threshold if self.threshold is not None
-                     else 3.0 * math.sqrt(2.0) * max_depth / self.epsilon_tree)
+                     else 3.0 * math.sqrt(2.0) * (float(tree_scale) if tree_scale is not None
+                                                  else max_depth / self.target_epsilon_tree))
         self.max_depth_, self.threshold_ = max_depth, float(threshold)
-        coords, depths, counts, n_nodes = noisy_quadtree(
-            u, epsilon_tree=self.epsilon_tree, epsilon_counts=self.epsilon_counts, max_depth=max_depth,
-            threshold=float(threshold), rng=self.rng)
+        coords, depths, counts, n_nodes = noisy_quadtree(u, noise=self.noise, threshold=float(threshold),
+                                                         rng=self.rng)
         cell = 1.0 / (np.int64(1) << depths).astype(np.float64)
         lo_unit = coords * cell[:, None]
         hi_unit = lo_unit + cell[:, None]

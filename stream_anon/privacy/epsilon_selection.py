@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, secure_rng
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
+from stream_anon.privacy.randomized_response import KRandomizedResponse
 
 __all__ = [
     "DEFAULT_EPSILON_GRID",
@@ -102,9 +103,11 @@ def _curve(metric: str, target: float, higher: bool, eps: np.ndarray, per_run: n
 def select_epsilon_numeric(
     values: Any, *, lower: float, upper: float, target: float,
     metric: Literal["mae", "mse", "mean"] = "mae", grid: Sequence[float] = DEFAULT_EPSILON_GRID, runs: int = 5,
-    rng: np.random.Generator | int | None = None,
+    integer: bool = False, rng: np.random.Generator | int | None = None,
 ) -> EpsilonCurve:
-    """Smallest eps for which the bounded Laplace on [lower, upper] meets ``target`` (data units)."""
+    """Smallest eps for which the bounded Laplace on [lower, upper] meets ``target`` (data units).
+
+    ``integer``: an integer attribute (the mechanism's integer grid, as the side path uses it)."""
     x = np.asarray(values, dtype=np.float64).ravel()
     if x.size < 2:
         raise PrivacyParameterError(f"values: need at least 2 values, got {x.size}")
@@ -113,11 +116,11 @@ def select_epsilon_numeric(
     tgt = _check_target(target)
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     true_mean = float(x.mean())
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
-        mech = BoundedLaplace(epsilon=float(e), lower=lower, upper=upper, rng=gen)
+        mech = BoundedLaplace(epsilon=float(e), lower=lower, upper=upper, integer=integer, rng=gen)
         for r in range(n_runs):
             y = mech.randomise_many(x)
             if metric == "mae":
@@ -144,15 +147,13 @@ def select_epsilon_categorical(
         raise PrivacyParameterError(f"target: a misclassification rate must be in [0, 1], got {target!r}")
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
         mech: Any
         if mechanism == "blap":
             mech = DiscretizedBoundedLaplace(epsilon=float(e), categories=categories, rng=gen)
         else:
-            from stream_anon.privacy.randomized_response import KRandomizedResponse
-
             mech = KRandomizedResponse(epsilon=float(e), categories=list(categories), rng=gen)
         for r in range(n_runs):
             rep = np.asarray(mech.randomise_many(vals), dtype=object)
@@ -184,9 +185,11 @@ def select_epsilon_classifier(
     X: Any, y: Any, *, lower: Sequence[float], upper: Sequence[float], target: float = 0.75,
     score: Literal["accuracy", "balanced_accuracy"] = "accuracy", classifier: Callable[[], Any] | None = None,
     test_fraction: float = 0.3, grid: Sequence[float] = DEFAULT_EPSILON_GRID, runs: int = 3,
-    rng: np.random.Generator | int | None = None,
+    integer: bool | Sequence[bool] = False, rng: np.random.Generator | int | None = None,
 ) -> EpsilonCurve:
     """Smallest eps (per record, split equally over the d columns) whose relative score reaches ``target``.
+
+    ``integer``: per column (or one for all), whether it is an integer attribute (integer grid).
 
     relative score = score(model trained on perturbed train features; clean test) / score(model trained on clean
     train features; clean test).  ``score="balanced_accuracy"`` avoids the majority-class trap (on ADULT,
@@ -201,6 +204,7 @@ def select_epsilon_classifier(
         raise PrivacyParameterError(f"X, y: need X (n, d) and y (n,) with n >= 10, got {x.shape} and {labels.shape}")
     lo = np.broadcast_to(np.asarray(lower, dtype=np.float64), (x.shape[1],))
     hi = np.broadcast_to(np.asarray(upper, dtype=np.float64), (x.shape[1],))
+    ints = np.broadcast_to(np.asarray(integer, dtype=bool), (x.shape[1],))
     if score not in ("accuracy", "balanced_accuracy"):
         raise PrivacyParameterError(f"score: must be 'accuracy' or 'balanced_accuracy', got {score!r}")
     if not 0.0 < test_fraction < 1.0:
@@ -208,7 +212,7 @@ def select_epsilon_classifier(
     tgt = _check_target(target)
     eps = _grid(grid)
     n_runs = check_int(runs, "runs", 1)
-    gen = secure_rng(rng)
+    gen = crypto_rng(rng)
     balanced = score == "balanced_accuracy"
     factory = classifier or (lambda: _default_classifier(balanced))
     perm = gen.permutation(x.shape[0])
@@ -221,8 +225,8 @@ def select_epsilon_classifier(
     d = x.shape[1]
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
-        mechs = [BoundedLaplace(epsilon=float(e) / d, lower=float(lo[j]), upper=float(hi[j]), rng=gen)
-                 for j in range(d)]
+        mechs = [BoundedLaplace(epsilon=float(e) / d, lower=float(lo[j]), upper=float(hi[j]), integer=bool(ints[j]),
+                                rng=gen) for j in range(d)]
         for r in range(n_runs):
             noisy = np.column_stack([mechs[j].randomise_many(x[train, j]) for j in range(d)])
             model = factory().fit(noisy, labels[train])

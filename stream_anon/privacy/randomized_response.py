@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, secure_rng
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng
 from stream_anon.privacy.frequency import (
     CategoryCodec,
     FrequencyEstimate,
@@ -48,7 +48,7 @@ class KRandomizedResponse(SingleReportEstimator):
         if out_of_domain not in ("error", "random"):
             raise PrivacyParameterError(f"out_of_domain: must be 'error' or 'random', got {out_of_domain!r}")
         self.out_of_domain: OutOfDomain = out_of_domain
-        self.rng = secure_rng(rng)
+        self.rng = crypto_rng(rng)
         k = self._codec.k
         # e^eps / (e^eps + k - 1) written to stay finite for large eps
         self.q = 1.0 / (math.exp(self.epsilon) + k - 1) if self.epsilon < 700 else 0.0

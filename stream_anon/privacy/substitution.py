@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, secure_rng
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
 from stream_anon.privacy.frequency import (
     CategoryCodec,
     FrequencyEstimate,
@@ -203,7 +203,7 @@ class RandomSubstitution(SingleReportEstimator):
                                         f"gamma={gamma!r}, epsilon={epsilon!r}")
         self.gamma = _check_gamma(gamma) if gamma is not None else _check_gamma(math.exp(check_epsilon(epsilon)))
         self._codec = CategoryCodec(categories)
-        self.rng = secure_rng(rng)
+        self.rng = crypto_rng(rng)
         self.epsilon = math.log(self.gamma)
         self.x = 1.0 / (self.gamma + self.k - 1)
         self.p = self.gamma * self.x
@@ -285,7 +285,7 @@ class LExtendedSubstitution:
             self.l = check_int(l, "l (no-repeat: at most N-1 distinct outputs)", 1, n_values - 1)
         else:
             self.l = check_int(l, "l", 1)
-        self.rng = secure_rng(rng)
+        self.rng = crypto_rng(rng)
         self.x = 1.0 / (self.gamma + n_values - 1)
         self.p = self.gamma * self.x
         self.q = self.x
