@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from kafka import KafkaProducer
+
 from stream_anon.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -139,8 +141,6 @@ class KafkaSink:
 
     def __init__(self, bootstrap_servers: str, topic: str, *, producer_config: dict[str, Any] | None = None,
                  metrics: ServiceMetrics | None = None) -> None:
-        from kafka import KafkaProducer
-
         config: dict[str, Any] = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
         config.update(producer_config or {})
         self.topic = topic
