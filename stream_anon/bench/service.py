@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,8 @@ def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | N
     })
 
 
-def main_path_run(cfg: Config, n: int, *, during: Any = None, timeout_s: float = 600.0) -> dict[str, Any]:
+def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = None,
+                  timeout_s: float = 600.0) -> dict[str, Any]:
     """Run ``MainPath`` in a thread until ``n`` records are accounted for and committed."""
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     th = threading.Thread(target=main.run, daemon=True)

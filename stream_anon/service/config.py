@@ -283,9 +283,10 @@ class Config:
         return d
 
 
-def option_names(obj: Any = None, prefix: str = "") -> list[str]:
+def option_names(obj: object | None = None, prefix: str = "") -> list[str]:
     """Every dotted option name, in declaration order (for documentation and tests)."""
     obj = obj if obj is not None else Config()
+    assert dataclasses.is_dataclass(obj)
     out: list[str] = []
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
@@ -315,7 +316,8 @@ Tree = dict[str, Any]
 """A config as nested dicts (section -> option -> value), the form it takes while it is being loaded."""
 
 
-def _tree(cfg: Any) -> Tree:
+def _tree(cfg: object) -> Tree:
+    assert dataclasses.is_dataclass(cfg)
     return {f.name: _tree(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
             else getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 

@@ -316,7 +316,7 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def _fmt(v: Any, digits: int = 1) -> str:
+def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from kafka import KafkaProducer
+from kafka.producer.future import RecordMetadata
 
 from stream_anon.service.metrics import ServiceMetrics
 
@@ -149,7 +150,7 @@ class KafkaSink:
         self.acked = 0
         self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
 
-    def _ok(self, _md: Any) -> None:
+    def _ok(self, _md: RecordMetadata) -> None:
         self.acked += 1
 
     def _error(self, exc: BaseException) -> None:

@@ -109,6 +109,16 @@ class SideStatus:
                 "control": self.control}
 
 
+@dataclass
+class _Decoded:
+    """One polled batch of a partition, decoded (see :meth:`SidePathApp._decode`)."""
+
+    segments: list[tuple[list[dict[str, Any]], bool]] = field(default_factory=lambda: [([], False)])
+    dlq: list[OutputMessage] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # DLQ reasons of the bad input messages
+    controls: int = 0
+
+
 def side_group_id(cfg: Config) -> str:
     """The side paths' consumer group: ``side_paths.group_id``, else ``<kafka.group_id>-ldp``."""
     return cfg.side_paths.group_id or f"{cfg.kafka.group_id}-ldp"
@@ -216,28 +226,30 @@ class SidePathApp:
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
 
+    def _decode(self, partition: int, recs: Sequence[ConsumerRecord]) -> _Decoded:
+        """Validated records in segments (a segment ends at an end-of-stream control), bad input, dead letters."""
+        d = _Decoded()
+        for r in recs:
+            if r.headers and any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in r.headers):
+                d.controls += 1
+                d.segments[-1] = (d.segments[-1][0], True)
+                d.segments.append(([], False))
+                continue
+            rec = self.decoder.decode(r.value)
+            if isinstance(rec, DeadLetter):
+                d.bad.append(rec.reason)
+                if self.side.dead_letter:
+                    d.dlq.append(self._dead_letter(partition, r, rec))
+                continue
+            d.segments[-1][0].append(rec)
+        return d
+
     def _process(self, tp: TopicPartition, recs: Sequence[ConsumerRecord]) -> None:
         status, proc = self.status, self.processor
         assert self._consumer is not None
         n = len(recs)
         # decode everything first, then commit (at most one randomization per record), then perturb + publish
-        segments: list[tuple[list[dict[str, Any]], bool]] = [([], False)]
-        dlq: list[OutputMessage] = []
-        bad: list[str] = []
-        controls = 0
-        for r in recs:
-            if r.headers and any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in r.headers):
-                controls += 1
-                segments[-1] = (segments[-1][0], True)
-                segments.append(([], False))
-                continue
-            rec = self.decoder.decode(r.value)
-            if isinstance(rec, DeadLetter):
-                bad.append(rec.reason)
-                if self.side.dead_letter:
-                    dlq.append(self._dead_letter(tp.partition, r, rec))
-                continue
-            segments[-1][0].append(rec)
+        decoded = self._decode(tp.partition, recs)
         next_offset = int(recs[-1].offset) + 1
         try:
             self._consumer.commit({tp: OffsetAndMetadata(next_offset, None, -1)})
@@ -252,15 +264,15 @@ class SidePathApp:
             self.stop_event.wait(0.5)
             return
         status.consumed += n
-        status.control += controls
+        status.control += decoded.controls
         self.metrics.consumed(n)
-        for reason in bad:
+        for reason in decoded.bad:
             self._skip(reason)
         status.positions[tp.partition] = next_offset
         outputs: list[Out] = []
         copies: list[CopyBatch] = []
         events: list[SideEvent] = []
-        for records, flush_after in segments:
+        for records, flush_after in decoded.segments:
             if records:
                 try:
                     b = proc.process_batch_encoded(records)
@@ -278,10 +290,10 @@ class SidePathApp:
                 if self._all_partitions_ended():
                     outputs.extend(proc.flush())
         outputs.extend(proc.poll())  # timer (nothing right after a flush: no new records since)
-        if dlq:
+        if decoded.dlq:
             assert self._producer is not None
-            self._producer.send(dlq)
-            for m in dlq:
+            self._producer.send(decoded.dlq)
+            for m in decoded.dlq:
                 self.metrics.dead_lettered(dict(m.headers)[H_REASON].decode())
         self._publish(outputs, tp.partition, copies, events)
 

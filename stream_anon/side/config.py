@@ -254,58 +254,77 @@ def _public_bounds(schema: Schema, option: str, name: str) -> tuple[float, float
 
 def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Generator) -> SidePlan:
     """Check every side-path option against ``schema`` and build the mechanisms (drawing from ``rng``)."""
-    cfg = config
-    krr: list[CategoricalPlan] = []
-    if cfg.krr.enabled and cfg.krr.attributes:
-        eps = _split("krr", cfg.krr.epsilon, cfg.krr.record_epsilon, len(cfg.krr.attributes))
-        for a in cfg.krr.attributes:
-            cats = _categories(schema, "krr.attributes", a)
-            m = KRandomizedResponse(epsilon=eps, categories=cats, rng=rng)
-            krr.append(CategoricalPlan("krr", "krr", a, cats, m, float(m.epsilon)))
-    rs: list[CategoricalPlan] = []
-    if cfg.rs.enabled and cfg.rs.attributes:
-        r = cfg.rs
-        if r.variant not in ("independent", "no-repeat"):
-            raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
-        if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
-            raise _err("rs.l", "an integer >= 1", r.l)
-        eps_target = _split("rs", r.epsilon, r.record_epsilon, len(r.attributes))
-        name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
-        for a in r.attributes:
-            cats = _categories(schema, "rs.attributes", a)
-            gamma = float(r.gamma) if r.gamma is not None else \
-                gamma_for_epsilon(len(cats), eps_target, r.l, r.variant)  # type: ignore[arg-type]
-            mech: RandomSubstitution | LExtendedSubstitution
-            if r.l == 1:
-                mech = RandomSubstitution(categories=cats, gamma=gamma, rng=rng)
-            else:
-                mech = LExtendedSubstitution(categories=cats, gamma=gamma, l=r.l, variant=r.variant,  # type: ignore[arg-type]
-                                             rng=rng)
-            rs.append(CategoricalPlan("rs", name, a, cats, mech, float(mech.epsilon), reports_per_record=r.l))
-    blap_num: list[NumericPlan] = []
-    blap_cat: list[CategoricalPlan] = []
-    if cfg.blap.enabled and (cfg.blap.attributes or cfg.blap.categorical_attributes):
-        b = cfg.blap
-        eps = _split("blap", b.epsilon, b.record_epsilon, len(b.attributes) + len(b.categorical_attributes))
-        for a in b.attributes:
-            lo, hi = _public_bounds(schema, "blap.attributes", a)
-            blap_num.append(NumericPlan(a, BoundedLaplace(epsilon=eps, lower=lo, upper=hi, snap_bits=b.snap_bits,
-                                                          rng=rng), b.boundary_width))
-        for a in b.categorical_attributes:
-            cats = _categories(schema, "blap.categorical_attributes", a)
-            mc = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=rng)
-            blap_cat.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, float(mc.epsilon)))
+    krr = _plan_krr(config.krr, schema, rng)
+    rs = _plan_rs(config.rs, schema, rng)
+    blap_num, blap_cat = _plan_blap(config.blap, schema, rng)
     per_role: dict[Role, float] = {}
-    for role, eps_list in (("krr", [c.epsilon for c in krr]), ("rs", [c.epsilon for c in rs]),
-                           ("blap", [c.epsilon for c in blap_num] + [c.epsilon for c in blap_cat])):
-        if eps_list:
-            per_role[role] = math.fsum(eps_list)  # type: ignore[index]
+    roles: tuple[tuple[Role, list[float]], ...] = (
+        ("krr", [p.epsilon for p in krr]), ("rs", [p.epsilon for p in rs]),
+        ("blap", [p.epsilon for p in blap_num] + [p.epsilon for p in blap_cat]))
+    for role, epsilons in roles:
+        if epsilons:
+            per_role[role] = math.fsum(epsilons)
     eps_all = math.fsum(per_role.values())
-    if cfg.total_epsilon is not None and eps_all > _positive("total_epsilon", cfg.total_epsilon) * (1 + 1e-9):
+    if config.total_epsilon is not None and \
+            eps_all > _positive("total_epsilon", config.total_epsilon) * (1 + 1e-9):
         detail = ", ".join(f"{role}: {e:g}" for role, e in per_role.items())
         raise _err("total_epsilon", f"at least the eps one record spends over all side topics ({eps_all:g} = {detail})",
-                   cfg.total_epsilon)
-    return SidePlan(krr, rs, blap_num, blap_cat, _plan_kmeans(cfg.kmeans, schema, rng), per_role, eps_all)
+                   config.total_epsilon)
+    return SidePlan(krr, rs, blap_num, blap_cat, _plan_kmeans(config.kmeans, schema, rng), per_role, eps_all)
+
+
+def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
+    if not (k.enabled and k.attributes):
+        return []
+    eps = _split("krr", k.epsilon, k.record_epsilon, len(k.attributes))
+    out = []
+    for a in k.attributes:
+        cats = _categories(schema, "krr.attributes", a)
+        m = KRandomizedResponse(epsilon=eps, categories=cats, rng=rng)
+        out.append(CategoricalPlan("krr", "krr", a, cats, m, float(m.epsilon)))
+    return out
+
+
+def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
+    if not (r.enabled and r.attributes):
+        return []
+    if r.variant not in ("independent", "no-repeat"):
+        raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
+    if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
+        raise _err("rs.l", "an integer >= 1", r.l)
+    eps_target = _split("rs", r.epsilon, r.record_epsilon, len(r.attributes))
+    name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
+    out = []
+    for a in r.attributes:
+        cats = _categories(schema, "rs.attributes", a)
+        gamma = float(r.gamma) if r.gamma is not None else \
+            gamma_for_epsilon(len(cats), eps_target, r.l, r.variant)  # type: ignore[arg-type]
+        mech: RandomSubstitution | LExtendedSubstitution
+        if r.l == 1:
+            mech = RandomSubstitution(categories=cats, gamma=gamma, rng=rng)
+        else:
+            mech = LExtendedSubstitution(categories=cats, gamma=gamma, l=r.l, variant=r.variant,  # type: ignore[arg-type]
+                                         rng=rng)
+        out.append(CategoricalPlan("rs", name, a, cats, mech, float(mech.epsilon), reports_per_record=r.l))
+    return out
+
+
+def _plan_blap(b: BLapConfig, schema: Schema,
+               rng: np.random.Generator) -> tuple[list[NumericPlan], list[CategoricalPlan]]:
+    if not (b.enabled and (b.attributes or b.categorical_attributes)):
+        return [], []
+    eps = _split("blap", b.epsilon, b.record_epsilon, len(b.attributes) + len(b.categorical_attributes))
+    numeric = []
+    for a in b.attributes:
+        lo, hi = _public_bounds(schema, "blap.attributes", a)
+        numeric.append(NumericPlan(a, BoundedLaplace(epsilon=eps, lower=lo, upper=hi, snap_bits=b.snap_bits, rng=rng),
+                                   b.boundary_width))
+    categorical = []
+    for a in b.categorical_attributes:
+        cats = _categories(schema, "blap.categorical_attributes", a)
+        mc = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=rng)
+        categorical.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, float(mc.epsilon)))
+    return numeric, categorical
 
 
 def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> KMeansPlan | None:
