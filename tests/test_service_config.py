@@ -181,3 +181,13 @@ def test_malformed_yaml_is_one_clear_error(tmp_path: Path) -> None:
     f.write_text("anonymization: {k: [1,\n")
     with pytest.raises(ConfigError, match=r"config file .*c\.yaml: not valid YAML"):
         Config.load(f, env={})
+
+
+@pytest.mark.parametrize("command", ["anonymize", "verify", "bench", "perturb", "estimate", "run", "demo",
+                                     "udp-bridge", "report"])
+def test_cli_registers_every_command_module(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every sub-command module is imported and registered (a module that cannot be imported is an error, never
+    skipped): each command answers --help."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0 and f"usage: stream-anon {command}" in capsys.readouterr().out
