@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -66,7 +66,7 @@ class OutgoingBatch:
     ``headers`` for every message, or ``per_message[i]`` for message ``i``."""
 
     __slots__ = ("topic", "partition", "keys", "values", "headers", "per_message", "offsets", "errors",
-                 "resolved", "handles", "root", "root_index")
+                 "resolved", "handles", "root", "root_index", "seq")
 
     def __init__(self, topic: str, partition: int, keys: list[bytes | None], values: list[bytes],
                  headers: Headers | None = None, per_message: list[Headers] | None = None) -> None:
@@ -82,6 +82,7 @@ class OutgoingBatch:
         self.handles: list[Any] = []  # transport-specific (kafka-python futures)
         self.root: OutgoingBatch = self  # a re-send batch reports its offsets to the batch it re-sends
         self.root_index: list[int] | None = None
+        self.seq = 0  # send order (set by the producer)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -175,7 +176,7 @@ class ConfluentTransport:
 
     name = "confluent-kafka"
 
-    _E = confluent_kafka.KafkaError
+    _E = confluent_kafka.KafkaError  # (codes with a leading underscore are librdkafka's local errors: public API)
     REJECTED = frozenset({_E.MSG_SIZE_TOO_LARGE, _E.INVALID_MSG_SIZE, _E.INVALID_RECORD, _E.RECORD_LIST_TOO_LARGE,
                           _E.TOPIC_AUTHORIZATION_FAILED, _E.CLUSTER_AUTHORIZATION_FAILED, _E.TOPIC_EXCEPTION,
                           _E._INVALID_ARG, _E._UNKNOWN_PARTITION})
@@ -398,7 +399,9 @@ class OutputProducer:
         self.stop = stop
         self.label = label
         self._open: list[OutgoingBatch] = []  # sent, not settled
+        self._failed: list[tuple[OutgoingBatch, list[int]]] = []  # settled with failures: (batch, failed indices)
         self._pending = 0
+        self._seq = 0
 
     # ------------------------------------------------------------------ sending
     def partition_for(self, topic: str, src_partition: int) -> int:
@@ -438,6 +441,8 @@ class OutputProducer:
         return Receipt([(b, range(len(values)))])
 
     def _submit(self, batch: OutgoingBatch) -> None:
+        self._seq += 1
+        batch.seq = self._seq
         self.transport.submit(batch)
         self._open.append(batch)
         self._pending += len(batch)
@@ -457,12 +462,11 @@ class OutputProducer:
         t0 = time.monotonic()
         stalled = False
         acked = 0
-        failed: list[tuple[OutgoingBatch, list[int]]] = []
-        while self._open or failed:
+        while self._open or self._failed:
             if self._open:
                 self.transport.wait(wait_s)
             waiting: list[OutgoingBatch] = []
-            for b in self._open:
+            for i, b in enumerate(self._open):
                 self.transport.collect(b)
                 if not b.settled:
                     waiting.append(b)
@@ -471,11 +475,16 @@ class OutputProducer:
                 self._pending -= len(b) - len(b.errors)
                 b.report_to_root()
                 if b.errors:
-                    failed.append((b, self._failures(b)))
+                    try:
+                        self._failed.append((b, self._failures(b)))
+                    except (ProducerFatalError, MessageRejectedError):
+                        self._failed.append((b, sorted(b.errors)))
+                        self._open = waiting + self._open[i + 1:]  # what is left stays with the producer (reopen)
+                        raise
             self._open = waiting
             n_waiting = sum(len(b) - b.resolved for b in waiting)
-            n_failed = sum(len(idx) for _b, idx in failed)
-            if (waiting or failed) and self.stop is not None and self.stop():
+            n_failed = sum(len(idx) for _b, idx in self._failed)
+            if (waiting or self._failed) and self.stop is not None and self.stop():
                 raise BrokerUnavailableError(f"{n_waiting + n_failed} {self.label} messages not acknowledged "
                                              f"at shutdown")
             if waiting:
@@ -484,14 +493,14 @@ class OutputProducer:
                             "waiting, the producer retries them%s", cfg.bootstrap_servers, n_waiting, self.label,
                             time.monotonic() - t0, "; watermarks are not committed until they are acknowledged"
                             if self.label == "output" else "")
-            elif failed:  # re-sent in their order once nothing else is in flight
+            elif self._failed:  # re-sent in their order once nothing else is in flight
                 d = next(delays)
                 log.warning("%d %s messages not acknowledged; re-sending in %.1f s", n_failed, self.label, d)
                 time.sleep(d)
+                failed, self._failed = self._failed, []
                 for b, idx in failed:
                     self._pending -= len(idx)
                     self._submit(b.subset(idx))
-                failed = []
         if stalled:
             log.warning("broker %s acknowledged the held %s messages after %.0f s: resuming", cfg.bootstrap_servers,
                         self.label, time.monotonic() - t0)
@@ -514,17 +523,15 @@ class OutputProducer:
             self.on_error(b.topic)
         return idx
 
-    def unacknowledged(self) -> Iterator[OutgoingBatch]:
-        """The batches sent and not yet settled (for :meth:`reopen`)."""
-        return iter(self._open)
-
     # ------------------------------------------------------------------ lifecycle
     def reopen(self) -> int:
         """Close the client (abandoning what it holds) and create a new one; every message not acknowledged yet is
         sent again through it, in its order.  Returns how many were re-sent.  A message the old client delivered
         but whose acknowledgement was lost is then stored twice: callers that must never publish twice resend from
         their own state instead."""
-        old, self._open = self._open, []
+        old = sorted([(b, [i for i in range(len(b)) if b.offsets[i] < 0]) for b in self._open] + self._failed,
+                     key=lambda item: item[0].seq)
+        self._open, self._failed = [], []
         try:
             self.transport.close(0.0)
         except Exception as e:  # a broken client may fail to close: it is abandoned either way
@@ -532,8 +539,7 @@ class OutputProducer:
         self.transport = self._factory()
         self._pending = 0
         n = 0
-        for b in old:
-            idx = [i for i in range(len(b)) if b.offsets[i] < 0]
+        for b, idx in old:
             if idx:
                 self._submit(b.subset(idx))
                 n += len(idx)

@@ -170,9 +170,10 @@ class SidePathApp:
             t = self.topics
             # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
             wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
-            retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
+            counts = retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
             admin.close()
-            self._producer = open_producer(cfg, on_error=self.metrics.produce_error, stop=stop, label="side")
+            self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
+                                           stop=stop, label="side")
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
         except BrokerUnavailableError as e:
             return self._failed_start(str(e), 3)
