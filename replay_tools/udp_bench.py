@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from replay_tools.kafka_replay import loop_record_id
+from replay_tools.synthetic import synthetic_adult_records
 from replay_tools.udp_sender import send_udp
+from stream_anon.core.datasets import ADULT_ENV, iter_adult_records
 from stream_anon.service.udp_bridge import free_udp_port
 
 
@@ -115,6 +119,15 @@ def format_table(rows: Sequence[LossRow], sink: str) -> str:
     return "\n".join(out)
 
 
+def _adult_or_synthetic(adult: str | None, limit: int | None) -> tuple[list[dict[str, Any]], str]:
+    """ADULT (``adult`` or ``$STREAM_ANON_ADULT``), else synthetic ADULT-shaped records (said on stderr)."""
+    path = adult or os.environ.get(ADULT_ENV)
+    if path and os.path.isfile(path):
+        return list(itertools.islice(iter_adult_records(path), limit)), "ADULT"
+    print(f"ADULT file not found (--adult / ${ADULT_ENV}): using SYNTHETIC ADULT-shaped records", file=sys.stderr)
+    return list(synthetic_adult_records(limit or 32_561, rng=None)), "synthetic ADULT-shaped"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m replay_tools udp-loss-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,9 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rcvbuf", type=int, default=8 * 1024 * 1024, help="bridge socket receive buffer bytes")
     args = p.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
-    from replay_tools.__main__ import load_records
-
-    records, label = load_records(adult=args.adult, synthetic=None, limit=args.records, allow_synthetic_fallback=True)
+    records, label = _adult_or_synthetic(args.adult, args.records)
     if args.records is not None and args.records > len(records):  # more than the file: loop it (ids <id>#<pass>)
         base = records
         records = [{**r, "id": loop_record_id(str(r["id"]), i // len(base))}

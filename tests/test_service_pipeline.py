@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -245,35 +245,14 @@ def test_dead_letters_keep_original_bytes_and_do_not_stop_the_partition(adult_me
     assert sum(res.stats.dead_letters.values()) == len(bad_offsets)
 
 
-class _PerRecordEngine:
-    """The engine without its bulk-encoding entry points: the pipeline must fall back to push()."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-
-    def push(self, record: Mapping[str, Any], now: float | None = None) -> list[Any]:
-        return self._e.push(record, now)
-
-    def flush(self, now: float | None = None) -> list[Any]:
-        return self._e.flush(now)
-
-    @property
-    def buffered_records(self) -> int:
-        return self._e.buffered_records
-
-    @property
-    def open_clusters(self) -> int:
-        return self._e.open_clusters
-
-
 def test_vectorized_encoding_gives_the_same_releases_as_per_record_push(adult_messages: list[InputMessage]) -> None:
+    """One engine.encode_many per run + push_encoded (the default) releases exactly what push() per record does."""
     schema = adult_schema()
     fast = make_pipeline(seed=9, incarnation="z")
-    assert fast._push_encoded is not None  # the real engine offers encode_many + push_encoded
-    slow = PartitionPipeline(0, schema, _PerRecordEngine(Engine(schema, EngineConfig(k=K, delta=DELTA, beta=10,
-                                                                                     mu=10, seed=9))),
-                             SETTINGS, incarnation="z", start_offset=0)
-    assert slow._push_encoded is None
+    assert fast.settings.encode_in_batches  # the default
+    per_record = dataclasses.replace(SETTINGS, encode_in_batches=False)
+    slow = PartitionPipeline(0, schema, Engine(schema, EngineConfig(k=K, delta=DELTA, beta=10, mu=10, seed=9)),
+                             per_record, incarnation="z", start_offset=0)
     a = [m.value for i in range(0, 600, 97) for m in fast.process(adult_messages[i:i + 97], now=0.0).outputs]
     b = [m.value for i in range(0, 600, 97) for m in slow.process(adult_messages[i:i + 97], now=0.0).outputs]
     assert a == b and len(a) > 10

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
+from replay_tools.kafka_replay import ensure_topic
 from stream_anon.core.datasets import resolve_adult_path
 from stream_anon.core.schema import adult_schema
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, send_flush_markers
+from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics
 
@@ -83,7 +86,7 @@ def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int
     return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds}
 
 
-def _config(bs: str, prefix: str, args: argparse.Namespace) -> Config:
+def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | None = None) -> Config:
     extra = {}
     for item in args.set:
         key, _, raw = item.partition("=")
@@ -91,7 +94,7 @@ def _config(bs: str, prefix: str, args: argparse.Namespace) -> Config:
     return Config.load(env={}, overrides={**extra,
         "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "kafka.max_poll_records": args.max_records, "kafka.linger_ms": args.linger_ms,
-        "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
+        "topics.input": input_topic or f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": args.partitions, "anonymization.k": args.k,
         "anonymization.delta": args.delta, "anonymization.beta": args.beta, "anonymization.mu": args.mu,
         "anonymization.seed": 1, "service.commit_interval_ms": args.commit_interval_ms, "service.metrics_port": 0,
@@ -99,7 +102,8 @@ def _config(bs: str, prefix: str, args: argparse.Namespace) -> Config:
     })
 
 
-def main_path_run(cfg: Config, n: int, *, during: Any = None, timeout_s: float = 600.0) -> dict[str, Any]:
+def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = None,
+                  timeout_s: float = 600.0) -> dict[str, Any]:
     """Run ``MainPath`` in a thread until ``n`` records are accounted for and committed."""
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     th = threading.Thread(target=main.run, daemon=True)
@@ -153,8 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     adult = str(resolve_adult_path(args.adult))
-    from stream_anon.service.broker import EmbeddedBroker
-
     broker = None
     bs = args.bootstrap_servers
     if not bs:
@@ -178,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                              commit_interval_s=args.commit_interval_ms / 1000.0, linger_ms=args.linger_ms)
             print(f"[{rep + 1}/{args.repeat}] passthrough (consume, JSON decode/encode, produce, commit): "
                   f"{pt['records']:,} records in {pt['seconds']:.2f} s = {pt['records_per_second']:,.0f} records/s")
-            rcfg = _config(bs, f"{prefix}r{rep}", args)
-            rcfg.topics.input = cfg.topics.input  # same input, fresh group and outputs
+            rcfg = _config(bs, f"{prefix}r{rep}", args, input_topic=cfg.topics.input)  # fresh group and outputs
             mp = main_path_run(rcfg, n)
             print(f"[{rep + 1}/{args.repeat}] main path (k={args.k}, delta={args.delta}, beta={args.beta}, "
                   f"workers={rcfg.service.workers}): {mp['records']:,} records in {mp['seconds']:.2f} s = "
@@ -215,8 +216,6 @@ def main(argv: list[str] | None = None) -> int:
                 threading.Thread(target=go, daemon=True).start()
 
             # the topic must exist before the main path subscribes
-            from replay_tools.kafka_replay import ensure_topic
-
             ensure_topic(bs, lcfg.topics.input, args.partitions)
             lr = main_path_run(lcfg, n_lat, during=replay_at_rate)
             s = adult_schema()

@@ -13,7 +13,8 @@ BENCHES: dict[str, str] = {
     "ldp-numeric": "stream_anon.bench.ldp_numeric",      # bounded Laplace speed, eps selection, DP k-means
     "service": "stream_anon.bench.service",             # end-to-end throughput through the real broker
     "udp-loss": "replay_tools.udp_bench",               # UDP loss on loopback at several rates
-    "side-kafka": "stream_anon.bench.side_kafka",       # LDP side path through the broker, raw send floor
+    "side": "stream_anon.bench.side",                   # LDP side paths: pure, raw send floor, end to end
+    "side-kafka": "stream_anon.bench.side",             # the same (its former name)
 }
 
 

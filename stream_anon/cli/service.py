@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
+from types import FrameType
 from typing import Any
 
 from stream_anon.service.config import Config, ConfigError
@@ -86,7 +88,7 @@ def register(sub: Any) -> None:
 
 
 def _install_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -94,12 +96,12 @@ def _install_signals(stop: threading.Event) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stream_anon.service.app import run_service
+    from stream_anon.service.app import run_service  # the service's clients: imported when the command runs
 
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
-        print(f"stream-anon run: {e}")
+        print(f"stream-anon run: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
     _install_signals(stop)
@@ -107,12 +109,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from stream_anon.service.demo import run_demo
+    from stream_anon.service.demo import run_demo  # the service's clients: imported when the command runs
 
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
-        print(f"stream-anon demo: {e}")
+        print(f"stream-anon demo: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
     _install_signals(stop)

@@ -12,7 +12,19 @@ import sys
 import threading
 from typing import Any
 
-from stream_anon.service.udp_bridge import DEFAULT_WINDOW, parse_listen
+from prometheus_client import CollectorRegistry
+
+from replay_tools.kafka_replay import ensure_topic
+from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.service.udp_bridge import (
+    DEFAULT_WINDOW,
+    KafkaSink,
+    NullSink,
+    RecordSink,
+    UdpBridge,
+    parse_listen,
+)
 
 DEFAULT_BRIDGE_METRICS_PORT = 9466
 
@@ -49,11 +61,6 @@ def register(sub: Any) -> None:
 
 
 def run_udp_bridge(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry
-
-    from stream_anon.service.metrics import ServiceMetrics, serve_metrics
-    from stream_anon.service.udp_bridge import KafkaSink, NullSink, RecordSink, UdpBridge
-
     try:
         host, port = parse_listen(args.listen)
     except ValueError as e:
@@ -69,13 +76,9 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
         else:
             bootstrap = args.bootstrap_servers
             if not bootstrap:
-                from stream_anon.service.broker import EmbeddedBroker
-
                 broker = stack.enter_context(EmbeddedBroker())
                 bootstrap = broker.bootstrap_servers
                 print(f"udp-bridge: started embedded broker on {bootstrap}", file=sys.stderr, flush=True)
-            from replay_tools.kafka_replay import ensure_topic
-
             ensure_topic(bootstrap, args.topic, args.partitions)
             kafka_sink = KafkaSink(bootstrap, args.topic, metrics=metrics)
             stack.callback(kafka_sink.close)

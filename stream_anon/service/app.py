@@ -15,96 +15,54 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
-import numpy as np
-from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
-from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.core.engine.protocol import EngineLike
+from stream_anon.core.schema import Schema
+from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
+    MessageRejectedError,
     OutputReader,
-    ReliableProducer,
+    ProducerFatalError,
     backoff_delays,
     connect_admin,
     ensure_topics,
     make_consumer,
-    make_producer,
     retry,
 )
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
-from stream_anon.service.pipeline import BatchStats, EngineLike, PipelineSettings, ReadBackScan
-from stream_anon.service.workers import InlineBackend, ProcessBackend, WorkerError
+from stream_anon.service.pipeline import BatchStats, ReadBackScan
+from stream_anon.service.producer import OutputProducer, open_producer
+from stream_anon.service.supervisor import SidePaths
+from stream_anon.service.wiring import load_schema, make_engine_factory, pipeline_settings
+from stream_anon.service.workers import (
+    Backend,
+    CreatePartition,
+    ExpirePartition,
+    FlushPartition,
+    InlineBackend,
+    ProcessBackend,
+    ProcessBatch,
+    RawMessage,
+    WorkerError,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 BROKER_CHECK_SECONDS = 2.0
 """With no records polled and no output acknowledged for this long, the loop asks the broker for an input
 partition's first offset (``OutputReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
 an idle stream from a broker outage."""
-
-
-def observe_many(hist: Any, values: Sequence[float]) -> None:
-    """``hist.observe(v)`` for every value, vectorized (one bucket increment per bucket, not per value).
-
-    Uses prometheus_client's Histogram internals (``_upper_bounds``, ``_buckets``, ``_sum``; bucket counters
-    are per-bucket, made cumulative at collection); falls back to ``observe`` if they are not there.
-    """
-    if not len(values):
-        return
-    bounds = getattr(hist, "_upper_bounds", None)
-    buckets = getattr(hist, "_buckets", None)
-    total = getattr(hist, "_sum", None)
-    if bounds is None or buckets is None or total is None:
-        for v in values:
-            hist.observe(v)
-        return
-    arr = np.asarray(values, dtype=np.float64)
-    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), arr, side="left"),
-                         minlength=len(bounds))
-    for i in np.flatnonzero(counts):
-        buckets[int(i)].inc(int(counts[i]))
-    total.inc(float(arr.sum()))
-
-
-def load_schema(cfg: Config) -> Schema:
-    """The schema of ``anonymization.schema`` (default ADULT) with the configured QI/sensitive roles."""
-    a = cfg.anonymization
-    schema = Schema.load(a.schema) if a.schema else adult_schema()
-    if a.qi is not None or a.sensitive is not None:
-        schema = schema.with_roles(qis=a.qi, sensitive=a.sensitive)
-    return schema
-
-
-def make_engine_factory(cfg: Config, schema: Schema) -> Callable[[int], EngineLike]:
-    """partition -> a fresh ``Engine`` with the configured parameters (seed + partition when seeded)."""
-    from stream_anon.core.engine import Engine, EngineConfig
-
-    a = cfg.anonymization
-    kwargs: dict[str, Any] = dict(k=a.k, delta=a.delta, beta=a.beta, mu=a.mu, algorithm=a.algorithm, loss=a.loss,
-                                  leftover=a.leftover, delta_leftover=a.delta_leftover, l=a.l, max_age=a.max_age,
-                                  max_delay_seconds=a.max_delay_seconds, adaptive_delay=a.adaptive_delay,
-                                  delta_min=a.delta_min)
-    if a.zeta is not None:
-        kwargs["zeta"] = a.zeta
-    EngineConfig(**kwargs, seed=0)  # validate once, at start (clear error naming the parameter)
-
-    def factory(partition: int) -> EngineLike:
-        seed = None if a.seed is None else a.seed + partition
-        return Engine(schema, EngineConfig(**kwargs, seed=seed))
-
-    return factory
-
-
-def pipeline_settings(cfg: Config) -> PipelineSettings:
-    t, a, s = cfg.topics, cfg.anonymization, cfg.service
-    return PipelineSettings(input_topic=t.input, anon_topic=t.anon, suppressed_topic=t.suppressed, dlq_topic=t.dlq,
-                            k=a.k, delta=a.delta, l=a.l, max_message_bytes=s.max_message_bytes,
-                            dlq_max_bytes=s.dlq_max_bytes)
 
 
 @dataclass
@@ -132,10 +90,10 @@ class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, main: MainPath) -> None:
         self.main = main
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.main.on_revoked([tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input])
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
         self.main.assigned.set()
 
@@ -176,10 +134,10 @@ class MainPath:
         self.committed: dict[int, int] = {}
         self._last_input: dict[int, float] = {}
         self._seeked: dict[int, int] = {}
-        self._producer: ReliableProducer | None = None
-        self._consumer: Any = None
+        self._producer: OutputProducer | None = None
+        self._consumer: KafkaConsumer | None = None
         self._reader: OutputReader | None = None
-        self._backend: Any = None
+        self._backend: Backend | None = None
         self._broker_check_at = time.monotonic() + BROKER_CHECK_SECONDS
         self._outage_since: float | None = None  # during an outage: monotonic time of the last answer
         self._outage_delays = backoff_delays(cfg.kafka.retry_backoff_max_seconds)
@@ -195,10 +153,8 @@ class MainPath:
             admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
             counts = retry("create topics", lambda: ensure_topics(admin, cfg), cfg, stop=stop)
             admin.close()
-            producer = retry("producer", lambda: make_producer(cfg), cfg, stop=stop)
-            self._producer = ReliableProducer(producer, dict(counts), cfg,
-                                              on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc(),
-                                              stop=stop)
+            self._producer = open_producer(cfg, partition_counts=counts, stop=stop,
+                                           on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc())
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
             self._reader = retry("read-back consumer", lambda: OutputReader(cfg), cfg, stop=stop)
         except BrokerUnavailableError as e:
@@ -216,7 +172,7 @@ class MainPath:
         rc = 0
         try:
             self._loop()
-        except WorkerError as e:
+        except (WorkerError, ProducerFatalError, MessageRejectedError) as e:
             log.error("%s; stopping (a restart resumes from the committed watermarks)", e)
             rc = 1
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
@@ -229,7 +185,8 @@ class MainPath:
 
     def _loop(self) -> None:
         cfg = self.cfg
-        consumer = self._consumer
+        consumer, backend = self._consumer, self._backend
+        assert consumer is not None and backend is not None
         commit_every = cfg.service.commit_interval_ms / 1000.0
         last_commit = time.monotonic()
         max_records = cfg.kafka.max_poll_records
@@ -244,7 +201,7 @@ class MainPath:
             if cfg.anonymization.max_delay_seconds is not None:
                 for p, st in self.states.items():
                     if st.buffered:
-                        self._backend.submit("expire", p, (), now)
+                        backend.submit(ExpirePartition(p, now))
             if cfg.service.idle_flush_seconds > 0:
                 self._idle_flush(now)
             self._collect(wait_all=False)
@@ -287,12 +244,12 @@ class MainPath:
             return
         self._broker_answered()
 
-    def _retry_mid_run(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry_mid_run(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
         return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0)
 
-    def _submit(self, partition: int, recs: list[Any], now: float) -> None:
+    def _submit(self, partition: int, recs: Sequence[ConsumerRecord], now: float) -> None:
         if partition not in self.states:
             start = self._start_offset(partition, recs[0].offset)
             if start is None:
@@ -301,13 +258,14 @@ class MainPath:
             if not recs:
                 return
             self._recover(partition, start)
-        self._backend.submit("process", partition, [(r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs],
-                             now)
+        assert self._backend is not None
+        msgs: tuple[RawMessage, ...] = tuple((r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs)
+        self._backend.submit(ProcessBatch(partition, msgs, now))
         self._last_input[partition] = now
 
     def _collect(self, *, wait_all: bool) -> None:
         """Produce the outputs of finished batches and take over the partitions' new watermarks."""
-        assert self._producer is not None
+        assert self._producer is not None and self._backend is not None
         for res in self._backend.results(wait_all=wait_all):
             self._producer.send(res.outputs)
             st = self.states.get(res.partition)
@@ -321,7 +279,8 @@ class MainPath:
             if st.buffered and now - self._last_input.get(p, now) >= self.cfg.service.idle_flush_seconds:
                 log.info("partition %d idle for %.1f s: flushing %d buffered records", p,
                          self.cfg.service.idle_flush_seconds, st.buffered)
-                self._backend.submit("flush", p, (), now)
+                assert self._backend is not None
+                self._backend.submit(FlushPartition(p, now))
                 self._last_input[p] = now
 
     def _start_offset(self, partition: int, first_offset: int) -> int | None:
@@ -332,8 +291,10 @@ class MainPath:
         the watermark: seek back (returns None; the records come with the next poll).  Offsets below the
         first available one (retention) start at the first available record.
         """
+        consumer = self._consumer
+        assert consumer is not None
         tp = TopicPartition(self.cfg.topics.input, partition)
-        committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: self._consumer.committed(
+        committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
             tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
         if committed is None or first_offset == committed:
             return first_offset
@@ -341,13 +302,13 @@ class MainPath:
             self._seeked[partition] = committed
             log.info("partition %d: position %d is past the committed watermark %d (state dropped at a "
                      "rebalance): seeking back", partition, first_offset, committed)
-            self._consumer.seek(tp, committed)
+            consumer.seek(tp, committed)
             return None
         return max(first_offset, committed)
 
     def _recover(self, partition: int, first_offset: int) -> None:
         """Build partition state starting at ``first_offset``: read back the outputs for already released records."""
-        assert self._reader is not None and self._producer is not None
+        assert self._reader is not None and self._producer is not None and self._backend is not None
         t0 = time.monotonic()
         released: set[int] = set()
         horizon = -1
@@ -355,7 +316,7 @@ class MainPath:
         reader = self._reader
         for topic in (self.cfg.topics.anon, self.cfg.topics.suppressed, self.cfg.topics.dlq):
             scan = ReadBackScan(self.cfg.topics.input, partition, first_offset)
-            out_part = self._producer.partition_of_topic(topic, partition)
+            out_part = self._producer.partition_for(topic, partition)
 
             def scan_topic(t: str = topic, s: ReadBackScan = scan, op: int = out_part) -> ReadBackScan:
                 return reader.scan(t, op, s, self.cfg.service.readback_chunk)
@@ -364,7 +325,8 @@ class MainPath:
             released |= scan.released
             horizon = max(horizon, scan.horizon)
             n_read += scan.messages_read
-        self._backend.create(partition, first_offset, sorted(released), horizon, secrets.token_hex(3))
+        self._backend.create(CreatePartition(partition, first_offset, tuple(sorted(released)), horizon,
+                                             secrets.token_hex(3)))
         self.states[partition] = PartitionStatus(partition, watermark=first_offset, next_offset=first_offset)
         self.totals.recoveries += 1
         log.info("partition %d: starting at offset %d; read back %d output messages in %.2f s: %d records at or "
@@ -393,10 +355,10 @@ class MainPath:
             t.dead_letter_reasons[reason] = t.dead_letter_reasons.get(reason, 0) + n
             m.records_dead_lettered.labels(reason=reason).inc(n)
             log.warning("partition %d: %d message(s) dead-lettered (%s)", partition, n, reason)
-        observe_many(m.release_delay_arrivals, s.delays)
-        observe_many(m.release_delay_seconds, s.ingest_latency_seconds)
-        observe_many(m.class_information_loss, s.class_losses)
-        observe_many(m.class_size, s.class_sizes)
+        m.release_delay_arrivals.observe_many(s.delays)
+        m.release_delay_seconds.observe_many(s.ingest_latency_seconds)
+        m.class_information_loss.observe_many(s.class_losses)
+        m.class_size.observe_many(s.class_sizes)
         if s.released or s.suppressed:
             m.gt_loss.set(t.gt_loss)
         if n_msgs:
@@ -408,6 +370,7 @@ class MainPath:
 
     def _update_position_metrics(self) -> None:
         consumer, topic = self._consumer, self.cfg.topics.input
+        assert consumer is not None
         for p, st in self.states.items():
             hw = consumer.highwater(TopicPartition(topic, p))
             if hw is not None:
@@ -432,7 +395,7 @@ class MainPath:
         The watermarks are those reported with the finished batches whose outputs were just flushed; batches
         still in a worker are not covered (their partitions' watermarks stay where they were).
         """
-        assert self._producer is not None
+        assert self._producer is not None and self._consumer is not None
         if self._producer.flush():
             self._broker_answered()
         offsets = self._watermarks()
@@ -443,14 +406,14 @@ class MainPath:
                 self._consumer.commit(offsets, timeout_ms=self.cfg.kafka.request_timeout_ms)
             else:
                 self._consumer.commit_async(offsets, callback=self._commit_done)
-        except Exception as e:  # e.g. CommitFailedError after a rebalance: the new owner re-reads from its watermark
+        except KafkaError as e:  # e.g. CommitFailedError after a rebalance: the new owner re-reads from its watermark
             log.warning("commit of %s failed: %r", {tp.partition: o.offset for tp, o in offsets.items()}, e)
             return
         for tp, om in offsets.items():
             self.committed[tp.partition] = om.offset
             self.metrics.commit_watermark.labels(topic=tp.topic, partition=str(tp.partition)).set(om.offset)
 
-    def _commit_done(self, offsets: Any, response: Any) -> None:
+    def _commit_done(self, offsets: dict[TopicPartition, OffsetAndMetadata], response: object) -> None:
         if isinstance(response, Exception):
             log.warning("asynchronous commit failed (%r); the next commit supersedes it", response)
 
@@ -460,7 +423,7 @@ class MainPath:
         owned = [p for p in partitions if p in self.states]
         if not owned:
             return
-        assert self._producer is not None
+        assert self._producer is not None and self._consumer is not None and self._backend is not None
         self._collect(wait_all=True)
         self._producer.flush()
         offsets = self._watermarks(owned)
@@ -487,19 +450,16 @@ class MainPath:
         except BrokerUnavailableError as e:
             ok = False
             log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
-        except Exception as e:
+        except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
             log.warning("final commit failed: %r (the next start re-reads from the last committed watermark)", e)
         for closer in (self._consumer, self._reader):
             try:
                 if closer is not None:
                     closer.close()
-            except Exception:  # closing on shutdown: nothing left to do
-                pass
+            except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
+                log.debug("close failed: %r", e)
         if self._producer is not None:
-            try:
-                self._producer.producer.close(timeout=10)
-            except Exception:
-                pass
+            self._producer.close(timeout_s=10.0)
         if self._backend is not None:
             self._backend.close()
         log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d",
@@ -516,22 +476,20 @@ def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
 
 def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
                 registry: CollectorRegistry | None = None) -> int:
-    """``stream-anon run``: the main path (and, when enabled, the side paths in threads), with an embedded
-    broker when no ``kafka.bootstrap_servers`` is configured.  Returns the exit code."""
-    from stream_anon.service.broker import EmbeddedBroker
-
+    """``stream-anon run``: the main path (and, when enabled, the side paths: :mod:`stream_anon.service.supervisor`),
+    with an embedded broker when no ``kafka.bootstrap_servers`` is configured.  Returns the exit code."""
     stop_event = stop_event or threading.Event()
     registry = registry or CollectorRegistry()
     metrics = ServiceMetrics(registry)
     broker: EmbeddedBroker | None = None
     if not cfg.kafka.bootstrap_servers:
         broker = EmbeddedBroker().start()
-        cfg.kafka.bootstrap_servers = broker.bootstrap_servers
+        cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers})
         log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
                  broker.bootstrap_servers)
     try:
         start_metrics(cfg, registry)
-        side = start_side_paths(cfg, metrics, stop_event)
+        side = SidePaths(cfg, metrics, stop_event)
         try:
             rc = MainPath(cfg, metrics=metrics, stop_event=stop_event).run()
         finally:
@@ -541,116 +499,3 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     finally:
         if broker is not None:
             broker.stop()
-
-
-class SidePaths:
-    """The LDP side paths started next to the main path: a child process (default: no shared GIL, so a slow
-    side path never delays the main path) or a thread; each has its own consumer group."""
-
-    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> None:
-        self.cfg = cfg
-        self.mode = cfg.service.side_paths_mode if cfg.side_paths.enabled else "off"
-        self._thread: threading.Thread | None = None
-        self._process: Any = None
-        self._mp_stop: Any = None
-        self._queue: Any = None
-        self._summary: dict[str, Any] | None = None
-        self.status: Any = None
-        if self.mode == "off":
-            return
-        try:
-            from stream_anon.service import side_app
-        except ImportError as e:
-            log.warning("side paths enabled but not available (%s); main path only", e)
-            self.mode = "off"
-            return
-        if self.mode == "thread":
-            self.status = side_app.SideStatus()
-            self._thread = threading.Thread(target=side_app.run_side_paths, args=(cfg, metrics, stop_event),
-                                            kwargs={"status": self.status}, name="side-paths", daemon=True)
-            self._thread.start()
-        else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn")
-            self._mp_stop = ctx.Event()
-            self._queue = ctx.Queue()
-            self._process = ctx.Process(target=_side_process_main, args=(cfg, self._mp_stop, self._queue),
-                                        name="stream-anon-side-paths", daemon=True)
-            self._process.start()
-            log.info("side paths started in process %d (metrics port %s)", self._process.pid,
-                     cfg.service.side_metrics_port or "off")
-
-    def progress(self) -> dict[str, Any] | None:
-        """Latest status summary (thread mode: live; process mode: the child's periodic reports)."""
-        if self.status is not None:
-            return dict(self.status.summary(), processed=self.status.processed)
-        if self._queue is not None:
-            import queue as queue_mod
-
-            try:
-                while True:
-                    self._summary = self._queue.get_nowait()
-            except queue_mod.Empty:
-                pass
-            except (EOFError, OSError):
-                pass
-        return self._summary
-
-    @property
-    def alive(self) -> bool:
-        if self._thread is not None:
-            return self._thread.is_alive()
-        if self._process is not None:
-            return bool(self._process.is_alive())
-        return False
-
-    def stop(self, timeout: float = 30.0) -> dict[str, Any] | None:
-        if self._mp_stop is not None:
-            self._mp_stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._process is not None:
-            deadline = time.monotonic() + timeout
-            while self._process.is_alive() and time.monotonic() < deadline:
-                self.progress()
-                time.sleep(0.05)
-            self.progress()
-            if self._process.is_alive():
-                self._process.terminate()
-            self._process.join(5)
-        return self.progress()
-
-
-def _side_process_main(cfg: Config, mp_stop: Any, queue: Any) -> None:
-    """Child process: run the side paths with their own metrics registry/endpoint; report status to ``queue``."""
-    import logging as logging_mod
-    import signal
-
-    from stream_anon.service.side_app import SideStatus, run_side_paths
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-
-    logging_mod.basicConfig(level=logging_mod.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging_mod.getLogger("kafka").setLevel(logging_mod.WARNING)
-    registry = CollectorRegistry()
-    metrics = ServiceMetrics(registry)
-    if cfg.service.side_metrics_port:
-        try:
-            serve_metrics(registry, cfg.service.side_metrics_port, cfg.service.metrics_addr)
-        except OSError as e:
-            log.warning("side-path metrics endpoint not started: %s", e)
-    stop = threading.Event()
-    status = SideStatus()
-    th = threading.Thread(target=run_side_paths, args=(cfg, metrics, stop), kwargs={"status": status}, daemon=True)
-    th.start()
-    while th.is_alive():
-        if mp_stop.wait(0.25):
-            stop.set()
-        if queue.empty():  # the parent drains it (demo) or not (run): at most one report waits
-            queue.put(dict(status.summary(), processed=status.processed))
-    queue.put(dict(status.summary(), processed=status.processed))
-
-
-def start_side_paths(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths:
-    return SidePaths(cfg, metrics, stop_event)

@@ -1,5 +1,11 @@
 """The service's single configuration object: YAML file, then ``STREAM_ANON_*`` environment, then flags.
 
+:class:`Config` is frozen and validated once, when it is loaded (:meth:`Config.load`), against everything it
+names: the engine's parameters through :class:`~stream_anon.core.engine.EngineConfig` (the one validator of the
+engine's rules), the schema file and the QI/sensitive roles, and the side-path options against the schema
+(:func:`~stream_anon.side.config.plan_side_paths`, when the side paths are on).  A derived config is a new one:
+:meth:`Config.with_options` (validated again) or ``dataclasses.replace``.
+
 Precedence (highest first): command-line flag > environment variable > YAML file > built-in default.
 
 Every option lives in a section; its environment variable is ``STREAM_ANON_<SECTION>_<FIELD>`` (upper
@@ -14,6 +20,7 @@ are text converted by the option's type: numbers, ``true``/``false``, lists as `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -22,18 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from stream_anon.service.side_paths import SidePathConfig
+from stream_anon.core.engine.config import EngineConfig, EngineConfigError
+from stream_anon.core.schema import Schema, SchemaError, adult_schema
+from stream_anon.privacy.base import PrivacyParameterError
+from stream_anon.side.config import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
 
 ENV_PREFIX = "STREAM_ANON_"
+PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
+_SIDE_TOPICS = SideTopics()  # the side topics' default names are written once, in stream_anon.side.config
 
 
 class ConfigError(ValueError):
     """An option is unknown or has an invalid value (the message names option, allowed values, value)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class KafkaSettings:
     """Connection and client options; the security options pass straight through to kafka-python."""
 
@@ -68,6 +81,7 @@ class KafkaSettings:
     connect_timeout_ms: int = 5000  # one connection attempt at start
     startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
     retry_backoff_max_seconds: float = 30.0
+    producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
 
     def security_options(self) -> dict[str, Any]:
         """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""
@@ -80,18 +94,18 @@ class KafkaSettings:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class TopicSettings:
     """Topic names (defaults for input ``adult.raw``) and how the service creates missing topics."""
 
     input: str = "adult.raw"
     anon: str = "adult.anon"
-    krr: str = "adult.krr"
-    rs: str = "adult.rs"
-    blap: str = "adult.blap"
-    estimates: str = "adult.estimates"
-    kmeans: str = "adult.kmeans"
-    dlq: str = "adult.dlq"
+    krr: str = _SIDE_TOPICS.krr
+    rs: str = _SIDE_TOPICS.rs
+    blap: str = _SIDE_TOPICS.blap
+    estimates: str = _SIDE_TOPICS.estimates
+    kmeans: str = _SIDE_TOPICS.kmeans
+    dlq: str = _SIDE_TOPICS.dlq
     suppressed: str = "adult.suppressed"
     create: bool = True  # create missing topics at start
     partitions: int = 1  # partitions of topics the service creates (outputs get as many as the input has)
@@ -104,8 +118,12 @@ class TopicSettings:
         return {"krr": self.krr, "rs": self.rs, "blap": self.blap, "estimates": self.estimates,
                 "kmeans": self.kmeans}
 
+    def side_topics(self) -> SideTopics:
+        return SideTopics(krr=self.krr, rs=self.rs, blap=self.blap, estimates=self.estimates, kmeans=self.kmeans,
+                          dlq=self.dlq)
 
-@dataclass
+
+@dataclass(frozen=True)
 class AnonymizationSettings:
     """The main path: schema, QI set and the engine's parameters (``stream_anon.core.engine.EngineConfig``)."""
 
@@ -128,8 +146,23 @@ class AnonymizationSettings:
     delta_min: int | None = None
     seed: int | None = None  # None = OS entropy (production); set for reproducible runs
 
+    def load_schema(self) -> Schema:
+        """The schema of ``schema`` (default ADULT) with the configured QI/sensitive roles."""
+        schema = Schema.load(self.schema) if self.schema else adult_schema()
+        if self.qi is not None or self.sensitive is not None:
+            schema = schema.with_roles(qis=self.qi, sensitive=self.sensitive)
+        return schema
 
-@dataclass
+    def engine_config(self, seed: int | None) -> EngineConfig:
+        """The engine's parameters (validated by :class:`EngineConfig`, which names the parameter on error)."""
+        extra: dict[str, Any] = {} if self.zeta is None else {"zeta": self.zeta}
+        return EngineConfig(k=self.k, delta=self.delta, beta=self.beta, mu=self.mu, algorithm=self.algorithm,
+                            loss=self.loss, leftover=self.leftover, delta_leftover=self.delta_leftover, l=self.l,
+                            max_age=self.max_age, max_delay_seconds=self.max_delay_seconds,
+                            adaptive_delay=self.adaptive_delay, delta_min=self.delta_min, seed=seed, **extra)
+
+
+@dataclass(frozen=True)
 class ServiceSettings:
     """Behaviour of the service loop itself."""
 
@@ -146,12 +179,12 @@ class ServiceSettings:
     side_metrics_port: int = 9109  # side-path metrics endpoint in "process" mode (0 = off)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     anonymization: AnonymizationSettings = field(default_factory=AnonymizationSettings)
-    side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # owned by side_paths.py
+    side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # options: stream_anon.side.config
     service: ServiceSettings = field(default_factory=ServiceSettings)
 
     # -------------------------------------------------------------- loading
@@ -159,80 +192,84 @@ class Config:
     def load(cls, path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None,
              overrides: Mapping[str, Any] | None = None) -> Config:
         """Defaults, then the YAML file, then ``STREAM_ANON_*`` variables of ``env`` (default ``os.environ``),
-        then ``overrides`` (dotted option -> value, from flags)."""
-        cfg = cls()
+        then ``overrides`` (dotted option -> value, from flags); validated (:class:`ConfigError`)."""
+        tree = _tree(cls())
         if path is not None:
             p = Path(path)
             if not p.is_file():
                 raise ConfigError(f"config file {str(p)!r} does not exist")
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            try:
+                data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {p}: not valid YAML: {' '.join(str(e).split())}") from None
             if not isinstance(data, Mapping):
                 raise ConfigError(f"config file {p}: expected a mapping of sections at top level, got {type(data).__name__}")
-            _apply_mapping(cfg, data, prefix="", origin=f"config file {p}")
+            _apply_mapping(tree, cls, data, prefix="", origin=f"config file {p}")
         for name, raw in sorted((env if env is not None else os.environ).items()):
             if not name.startswith(ENV_PREFIX):
                 continue
             dotted = env_to_option(name)
             if dotted is None:
                 continue  # not a config option (e.g. STREAM_ANON_ADULT)
-            cfg.set(dotted, raw, origin=f"environment variable {name}")  # text: converted by the field's type
+            _set(tree, cls, dotted, raw, origin=f"environment variable {name}")  # text: converted by the field's type
         for dotted, value in (overrides or {}).items():
-            cfg.set(dotted, value, origin="command line")
+            _set(tree, cls, dotted, value, origin="command line")
+        cfg = _build(cls, tree)
         cfg.validate()
         return cfg
 
-    def set(self, dotted: str, value: Any, *, origin: str = "value") -> None:
-        """Set one option by its dotted name (``anonymization.k``), converting to the field's type."""
-        parts = dotted.replace("-", "_").split(".")
-        target: Any = self
-        for i, part in enumerate(parts):
-            if not dataclasses.is_dataclass(target):
-                raise ConfigError(f"{origin}: option {dotted!r}: {'.'.join(parts[:i])!r} is not a section")
-            fields = {f.name: f for f in dataclasses.fields(target)}
-            if part not in fields:
-                raise ConfigError(f"{origin}: unknown option {dotted!r}; "
-                                  f"{'.'.join(parts[:i]) or 'top level'} has {sorted(fields)}")
-            if i == len(parts) - 1:
-                hint = typing.get_type_hints(type(target))[part]
-                current = getattr(target, part)
-                if dataclasses.is_dataclass(current):
-                    if not isinstance(value, Mapping):
-                        raise ConfigError(f"{origin}: option {dotted!r} is a section; give a mapping, got {value!r}")
-                    _apply_mapping(current, value, prefix=dotted + ".", origin=origin)
-                else:
-                    setattr(target, part, _convert(value, hint, dotted, origin))
-                return
-            target = getattr(target, part)
+    def with_options(self, options: Mapping[str, Any], *, origin: str = "value") -> Config:
+        """A new config: this one with ``options`` (dotted option -> value, converted like flags), validated."""
+        tree = _tree(self)
+        for dotted, value in options.items():
+            _set(tree, type(self), dotted, value, origin=origin)
+        cfg = _build(type(self), tree)
+        cfg.validate()
+        return cfg
 
     def validate(self) -> None:
-        a = self.anonymization
+        """Check every option; raises :class:`ConfigError` (one line naming the option, the allowed values and
+        the value received)."""
+        s, k, t = self.service, self.kafka, self.topics
         checks: list[tuple[str, bool, str, Any]] = [
-            ("anonymization.k", a.k >= 2, "an integer >= 2", a.k),
-            ("anonymization.delta", a.delta >= a.k, f"an integer >= k ({a.k})", a.delta),
-            ("anonymization.beta", a.beta >= 1, "an integer >= 1", a.beta),
-            ("anonymization.mu", a.mu >= 1, "an integer >= 1", a.mu),
-            ("anonymization.algorithm", a.algorithm in ("castle", "ubdsa"), "castle or ubdsa", a.algorithm),
-            ("anonymization.loss", a.loss in ("gt", "lm", "ubdsa"), "gt, lm or ubdsa", a.loss),
-            ("anonymization.leftover", a.leftover in ("suppress", "leftover"), "suppress or leftover", a.leftover),
-            ("service.max_message_bytes", self.service.max_message_bytes > 0, "a positive integer",
-             self.service.max_message_bytes),
-            ("service.workers", self.service.workers >= 0, "an integer >= 0 (0 = inline)", self.service.workers),
-            ("service.commit_interval_ms", self.service.commit_interval_ms >= 0, "an integer >= 0",
-             self.service.commit_interval_ms),
-            ("service.metrics_port", 0 <= self.service.metrics_port <= 65535, "0 (off) or a port 1-65535",
-             self.service.metrics_port),
-            ("topics.partitions", self.topics.partitions >= 1, "an integer >= 1", self.topics.partitions),
-            ("service.side_paths_mode", self.service.side_paths_mode in ("process", "thread", "off"),
-             "process, thread or off", self.service.side_paths_mode),
-            ("kafka.max_poll_records", self.kafka.max_poll_records >= 1, "an integer >= 1",
-             self.kafka.max_poll_records),
+            ("service.max_message_bytes", s.max_message_bytes > 0, "a positive integer", s.max_message_bytes),
+            ("service.workers", s.workers >= 0, "an integer >= 0 (0 = inline)", s.workers),
+            ("service.commit_interval_ms", s.commit_interval_ms >= 0, "an integer >= 0", s.commit_interval_ms),
+            ("service.metrics_port", 0 <= s.metrics_port <= 65535, "0 (off) or a port 1-65535", s.metrics_port),
+            ("service.side_metrics_port", 0 <= s.side_metrics_port <= 65535, "0 (off) or a port 1-65535",
+             s.side_metrics_port),
+            ("service.side_paths_mode", s.side_paths_mode in ("process", "thread", "off"), "process, thread or off",
+             s.side_paths_mode),
+            ("topics.partitions", t.partitions >= 1, "an integer >= 1", t.partitions),
+            ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
+            ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),
+             k.producer_client),
         ]
         for name, ok, allowed, value in checks:
             if not ok:
                 raise ConfigError(f"option {name}: expected {allowed}, got {value!r}")
-        names = [self.topics.input, *self.topics.outputs().values()]
+        names = [t.input, *t.outputs().values()]
         if len(set(names)) != len(names):
             raise ConfigError(f"topics: input and output topics must differ, got {names}")
+        a = self.anonymization
+        try:
+            schema = a.load_schema()
+        except (SchemaError, OSError, ValueError, yaml.YAMLError) as e:
+            roles = " (with anonymization.qi / anonymization.sensitive)" if a.qi or a.sensitive else ""
+            raise ConfigError(f"option anonymization.schema{roles}: {a.schema or 'ADULT'}: "
+                              f"{' '.join(str(e).split())}") from None
+        try:
+            a.engine_config(seed=a.seed)
+        except EngineConfigError as e:
+            raise ConfigError(f"option anonymization.{e.parameter}: expected {e.allowed}, got {e.value!r}") from None
+        if self.side_paths.enabled and s.side_paths_mode != "off":
+            try:
+                plan_side_paths(self.side_paths, schema, np.random.default_rng(0))
+            except SidePathConfigError as e:
+                raise ConfigError(f"{e} (schema {schema.name!r}; side paths can be turned off with "
+                                  f"side_paths.enabled: false)") from None
+            except PrivacyParameterError as e:
+                raise ConfigError(f"side_paths: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -246,9 +283,10 @@ class Config:
         return d
 
 
-def option_names(obj: Any = None, prefix: str = "") -> list[str]:
+def option_names(obj: object | None = None, prefix: str = "") -> list[str]:
     """Every dotted option name, in declaration order (for documentation and tests)."""
     obj = obj if obj is not None else Config()
+    assert dataclasses.is_dataclass(obj)
     out: list[str] = []
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
@@ -264,34 +302,78 @@ def env_name(dotted: str) -> str:
     return ENV_PREFIX + dotted.replace(".", "_").replace("-", "_").upper()
 
 
-_ENV_TO_OPTION: dict[str, str] = {}
+@functools.cache
+def _env_options() -> dict[str, str]:
+    return {env_name(o): o for o in option_names()}
 
 
 def env_to_option(name: str) -> str | None:
     """The dotted option an environment variable sets, or None if it is not a config variable."""
-    if not _ENV_TO_OPTION:
-        _ENV_TO_OPTION.update({env_name(o): o for o in option_names()})
-    return _ENV_TO_OPTION.get(name)
+    return _env_options().get(name)
 
 
-def _apply_mapping(target: Any, data: Mapping[str, Any], *, prefix: str, origin: str) -> None:
-    root = target
+Tree = dict[str, Any]
+"""A config as nested dicts (section -> option -> value), the form it takes while it is being loaded."""
+
+
+def _tree(cfg: object) -> Tree:
+    assert dataclasses.is_dataclass(cfg)
+    return {f.name: _tree(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
+            else getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _build(cls: type[Any], tree: Tree) -> Any:
+    hints = typing.get_type_hints(cls)
+    return cls(**{name: _build(hints[name], value) if isinstance(value, dict) and dataclasses.is_dataclass(hints[name])
+                  else value for name, value in tree.items()})
+
+
+def _fields(cls: type[Any]) -> dict[str, Any]:
+    """Option name -> its type (a section's dataclass, or the annotated type of a value)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _set(tree: Tree, cls: type[Any], dotted: str, value: Any, *, origin: str) -> None:
+    """Set one option by its dotted name (``anonymization.k``), converting to the option's type."""
+    parts = dotted.replace("-", "_").split(".")
+    node, node_cls = tree, cls
+    for i, part in enumerate(parts):
+        if node_cls is None:
+            raise ConfigError(f"{origin}: option {dotted!r}: {'.'.join(parts[:i])!r} is not a section")
+        fields = _fields(node_cls)
+        if part not in fields:
+            raise ConfigError(f"{origin}: unknown option {dotted!r}; "
+                              f"{'.'.join(parts[:i]) or 'top level'} has {sorted(fields)}")
+        hint = fields[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(hint):
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{origin}: option {dotted!r} is a section; give a mapping, got {value!r}")
+                _apply_mapping(node[part], hint, value, prefix=dotted + ".", origin=origin)  # type: ignore[arg-type]
+            else:
+                node[part] = _convert(value, hint, dotted, origin)
+            return
+        node = node[part]
+        node_cls = hint if dataclasses.is_dataclass(hint) else None  # type: ignore[assignment]
+
+
+def _apply_mapping(node: Tree, cls: type[Any], data: Mapping[str, Any], *, prefix: str, origin: str) -> None:
+    fields = _fields(cls)
     for key, value in data.items():
         key_s = str(key).replace("-", "_")
-        fields = {f.name for f in dataclasses.fields(root)}
         if key_s not in fields:
             raise ConfigError(f"{origin}: unknown option {prefix + key_s!r}; "
                               f"{prefix.rstrip('.') or 'top level'} has {sorted(fields)}")
-        current = getattr(root, key_s)
-        if dataclasses.is_dataclass(current):
+        hint = fields[key_s]
+        if dataclasses.is_dataclass(hint):
             if value is None:
                 continue
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{origin}: option {prefix + key_s!r} is a section; give a mapping, got {value!r}")
-            _apply_mapping(current, value, prefix=prefix + key_s + ".", origin=origin)
+            _apply_mapping(node[key_s], hint, value, prefix=prefix + key_s + ".", origin=origin)  # type: ignore[arg-type]
         else:
-            hint = typing.get_type_hints(type(root))[key_s]
-            setattr(root, key_s, _convert(value, hint, prefix + key_s, origin))
+            node[key_s] = _convert(value, hint, prefix + key_s, origin)
 
 
 def _parse_scalar(raw: str) -> Any:

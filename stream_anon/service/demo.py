@@ -12,6 +12,7 @@ The run directory (``--run-dir``, default ``runs/demo-<timestamp>``) receives ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,11 +28,19 @@ import pandas as pd
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
+from replay_tools.kafka_replay import ReplayStats, replay_records
+from replay_tools.synthetic import synthetic_adult_records
 from stream_anon.core.datasets import ADULT_ENV, ADULT_SHA256, ADULT_URL, iter_records, read_adult, sha256_of
-from stream_anon.service.app import MainPath, SidePaths, load_schema, start_metrics
-from stream_anon.service.audit import collect_outputs, send_flush_markers
+from stream_anon.core.loss import summarize_release_frame
+from stream_anon.core.schema import Schema
+from stream_anon.core.verify import verify_release_frame
+from stream_anon.service.app import MainPath, MainPathTotals, start_metrics
+from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
+from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.supervisor import SidePaths
+from stream_anon.service.wiring import load_schema
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +67,6 @@ def obtain_records(adult: str | None, *, records: int | None, synthetic: bool, d
                   file=sys.stderr)
             synthetic = True
     if synthetic or not path:
-        from replay_tools.synthetic import synthetic_adult_records
-
         n = records or 32561
         recs = list(synthetic_adult_records(n, rng=seed if seed is not None else 0))
         return recs, f"SYNTHETIC ADULT-shaped records ({n:,}, independent marginals of ADULT; not real data)", None
@@ -95,9 +102,6 @@ def _percentiles(values: pd.Series) -> dict[str, float | None]:
 def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = None, rate: float = 0.0,
              run_dir: str | None = None, synthetic: bool = False, download: bool = True, timeout: float = 600.0,
              stop_event: threading.Event | None = None, progress: bool = True) -> int:
-    from replay_tools.kafka_replay import replay_records
-    from stream_anon.service.broker import EmbeddedBroker
-
     t_start = time.monotonic()
     logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
     stop_event = stop_event or threading.Event()
@@ -110,10 +114,13 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     broker: EmbeddedBroker | None = None
     if not cfg.kafka.bootstrap_servers:
         broker = EmbeddedBroker(log_path=out_dir / "tansu.log").start()
-        cfg.kafka.bootstrap_servers = broker.bootstrap_servers
-        cfg.kafka.session_timeout_ms = min(cfg.kafka.session_timeout_ms, 6000)  # fast group join (half of it)
+        cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers,  # fast group join (half of it):
+                                "kafka.session_timeout_ms": min(cfg.kafka.session_timeout_ms, 6000)})
         print(f"demo: embedded Tansu broker on {broker.bootstrap_servers}", file=sys.stderr)
     bs = cfg.kafka.bootstrap_servers
+    assert bs is not None
+    # the side paths' exact statistics beside the estimates, to print estimate errors (demo only: NOT private)
+    cfg = dataclasses.replace(cfg, side_paths=dataclasses.replace(cfg.side_paths, truth=True))
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
     try:
@@ -133,7 +140,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
             print("demo: the main path did not start (broker unreachable?)", file=sys.stderr)
             return 1
         # replay in a thread; this thread draws the progress bar
-        replay_stats: dict[str, Any] = {}
+        replay_stats: dict[str, ReplayStats] = {}
 
         def replay() -> None:
             st = replay_records(recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions,
@@ -181,7 +188,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
             broker.stop()
     _print_summary(summary, out_dir)
     try:
-        from stream_anon.report.html import write_report
+        from stream_anon.report.html import write_report  # matplotlib: imported only when a report is written
 
         report = write_report(out_dir)
         print(f"  report:        {report}  (open it in a browser)")
@@ -193,12 +200,11 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
 def _start_side(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths | None:
     if not cfg.side_paths.enabled or cfg.service.side_paths_mode == "off":
         return None
-    cfg.side_paths.truth = True  # exact statistics beside the estimates, to print estimate errors (demo only)
     side = SidePaths(cfg, metrics, stop_event)
     return side if side.mode != "off" else None
 
 
-def _draw(done: int, n: int, t: Any, side: Any, elapsed: float) -> None:
+def _draw(done: int, n: int, t: MainPathTotals, side: dict[str, Any] | None, elapsed: float) -> None:
     width = 30
     frac = min(done / n, 1.0) if n else 1.0
     bar = "#" * int(frac * width) + "." * (width - int(frac * width))
@@ -208,12 +214,9 @@ def _draw(done: int, n: int, t: Any, side: Any, elapsed: float) -> None:
     sys.stderr.flush()
 
 
-def _summarize(cfg: Config, schema: Any, bs: str, n: int, source: str, original: pd.DataFrame | None,
-               out_dir: Path, main: MainPath, side: dict[str, Any], replay: Any, seconds_to_release: float,
+def _summarize(cfg: Config, schema: Schema, bs: str, n: int, source: str, original: pd.DataFrame | None,
+               out_dir: Path, main: MainPath, side: dict[str, Any], replay: ReplayStats, seconds_to_release: float,
                seconds_total: float) -> dict[str, Any]:
-    from stream_anon.core.loss import summarize_release_frame
-    from stream_anon.core.verify import verify_release_frame
-
     qis = [a.name for a in schema.qis]
     sens = [a.name for a in schema.sensitive]
     snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
@@ -281,8 +284,6 @@ def _summarize(cfg: Config, schema: Any, bs: str, n: int, source: str, original:
 def _latest_side_estimates(bs: str, cfg: Config) -> list[dict[str, Any]]:
     """The last estimate per (mechanism, attribute) on the estimates topic, in the report's
     ``side_estimates.json`` layout (estimated vs true; the truth comes from the demo-only truth tracker)."""
-    from stream_anon.service.audit import read_topic_with_headers
-
     if not cfg.side_paths.enabled or cfg.service.side_paths_mode == "off":
         return []
     latest: dict[tuple[str, str], dict[str, Any]] = {}
@@ -315,7 +316,7 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def _fmt(v: Any, digits: int = 1) -> str:
+def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 

@@ -1,9 +1,7 @@
-"""Kafka clients of the service (kafka-python): connection with retry/backoff, topics, a producer that
-never drops a message, and the backward reader recovery uses.
+"""Kafka clients of the service (kafka-python): connection with retry/backoff, topics, the consumer, the backward
+reader recovery uses, and the error types of the Kafka layer.  The producer is :mod:`stream_anon.service.producer`.
 
-Producer: ``acks=all`` and the idempotent producer (kafka-python >= 2.1 enables it by default and Tansu
-answers InitProducerId; checked by ``tests/test_service_run.py``), so producer retries neither duplicate nor
-reorder messages within a partition.  Kafka transactions are NOT used.
+Kafka transactions are NOT used (Tansu shows aborted transactional records to ``read_committed`` consumers).
 """
 
 from __future__ import annotations
@@ -11,20 +9,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from stream_anon.service.config import Config
-from stream_anon.service.pipeline import OutputMessage, ReadBackScan
+from stream_anon.service.pipeline import ReadBackScan
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class BrokerUnavailableError(RuntimeError):
-    """The broker could not be reached within ``kafka.startup_retry_seconds``."""
+    """The broker could not be reached within ``kafka.startup_retry_seconds``, or the service was stopped while
+    waiting for it (outputs not acknowledged: nothing is committed, a restart re-reads from the watermarks)."""
+
+
+class ProducerFatalError(RuntimeError):
+    """The producer client is in a fatal state (e.g. its idempotent producer id was fenced or could not be
+    renewed): it cannot send again; close it and create a new one (``OutputProducer.reopen``)."""
+
+
+class MessageRejectedError(RuntimeError):
+    """The broker or the client refused a message for good (too large, topic not authorized ...): re-sending it
+    cannot succeed."""
 
 
 def client_options(cfg: Config) -> dict[str, Any]:
@@ -41,8 +52,8 @@ def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
         d = min(max_seconds, d * 2)
 
 
-def retry(what: str, fn: Callable[[], Any], cfg: Config, *, on_retry: Callable[[], None] | None = None,
-          stop: Callable[[], bool] | None = None, limit_seconds: float | None = None) -> Any:
+def retry(what: str, fn: Callable[[], T], cfg: Config, *, on_retry: Callable[[], None] | None = None,
+          stop: Callable[[], bool] | None = None, limit_seconds: float | None = None) -> T:
     """Call ``fn`` until it succeeds, with exponential backoff and one clear log line per attempt.
 
     Gives up with :class:`BrokerUnavailableError` after ``limit_seconds`` (default
@@ -73,22 +84,24 @@ def retry(what: str, fn: Callable[[], Any], cfg: Config, *, on_retry: Callable[[
     raise AssertionError("unreachable")
 
 
-def connect_admin(cfg: Config, **kw: Any) -> KafkaAdminClient:
+def connect_admin(cfg: Config, *, on_retry: Callable[[], None] | None = None,
+                  stop: Callable[[], bool] | None = None) -> KafkaAdminClient:
     def attempt() -> KafkaAdminClient:
         admin = KafkaAdminClient(**client_options(cfg), bootstrap_timeout_ms=cfg.kafka.connect_timeout_ms)
         admin.list_topics()
         return admin
 
-    return retry("connect", attempt, cfg, **kw)
+    return retry("connect", attempt, cfg, on_retry=on_retry, stop=stop)
 
 
-def ensure_topics(admin: KafkaAdminClient, cfg: Config, *, side: bool = True) -> dict[str, int]:
-    """Create missing topics (when ``topics.create``); returns topic -> partition count.
+def ensure_topics(admin: KafkaAdminClient, cfg: Config, names: Sequence[str] | None = None) -> dict[str, int]:
+    """Create the missing ones of ``names`` (default: input, outputs and side topics) when ``topics.create``;
+    returns topic -> partition count.
 
     Output topics get at least as many partitions as the input, so output partition = input partition.
     """
     t = cfg.topics
-    wanted = [t.input, *t.outputs().values(), *(t.side().values() if side else ())]
+    wanted = list(dict.fromkeys(names if names is not None else [t.input, *t.outputs().values(), *t.side().values()]))
     existing = set(admin.list_topics())
     counts = _partition_counts(admin, [n for n in wanted if n in existing])
     n_input = counts.get(t.input, t.partitions)
@@ -128,101 +141,6 @@ def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
         fetch_max_wait_ms=k.fetch_max_wait_ms,
     )
-
-
-def make_producer(cfg: Config) -> KafkaProducer:
-    k = cfg.kafka
-    opts: dict[str, Any] = dict(acks="all", linger_ms=k.linger_ms, batch_size=k.batch_size,
-                                max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
-    if k.compression_type:
-        opts["compression_type"] = k.compression_type
-    return KafkaProducer(**client_options(cfg), **opts)
-
-
-class ReliableProducer:
-    """Sends output messages (partition = source partition mod topic partitions) and, on ``flush``, waits
-    until every one is acknowledged; failed sends are retried with backoff, never dropped."""
-
-    def __init__(self, producer: KafkaProducer, partition_counts: dict[str, int], cfg: Config,
-                 on_error: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None) -> None:
-        self.producer = producer
-        self.partition_counts = partition_counts
-        self.cfg = cfg
-        self.on_error = on_error
-        self.stop = stop
-        self._pending: list[tuple[OutputMessage, Any]] = []
-
-    def partition_of_topic(self, topic: str, src_partition: int) -> int:
-        n = self.partition_counts.get(topic)
-        if n is None:
-            parts = self.producer.partitions_for(topic)
-            n = len(parts) if parts else 1
-            self.partition_counts[topic] = n
-        return src_partition % n
-
-    def partition_of(self, m: OutputMessage) -> int:
-        return self.partition_of_topic(m.topic, m.src_partition)
-
-    def send(self, messages: Sequence[OutputMessage]) -> None:
-        send = self.producer.send
-        for m in messages:
-            fut = send(m.topic, value=m.value, key=m.key, partition=self.partition_of(m), headers=list(m.headers))
-            self._pending.append((m, fut))
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    def flush(self) -> int:
-        """Block until every message sent so far is acknowledged; returns how many were.
-
-        Waits in slices of ``kafka.request_timeout_ms``: while the broker does not answer (down, stalled,
-        network partition) it logs one warning per slice and keeps waiting for the same in-flight messages
-        (the producer retries them itself; re-sending a message that is still in flight could duplicate it).
-        Messages whose send failed are re-sent with exponential backoff, never dropped.
-        """
-        delays = backoff_delays(self.cfg.kafka.retry_backoff_max_seconds)
-        wait_s = max(1.0, self.cfg.kafka.request_timeout_ms / 1000.0)
-        t0 = time.monotonic()
-        stalled = False
-        acked = 0
-        failed: list[OutputMessage] = []
-        while self._pending:
-            try:
-                self.producer.flush(timeout=wait_s)
-            except KafkaError as e:  # KafkaTimeoutError: not everything acknowledged within wait_s
-                log.debug("producer flush: %r", e)
-            waiting: list[tuple[OutputMessage, Any]] = []
-            for m, fut in self._pending:
-                if not fut.is_done:
-                    waiting.append((m, fut))
-                elif fut.failed():
-                    failed.append(m)
-                    log.warning("produce to %s failed (%r); will retry", m.topic, fut.exception)
-                    if self.on_error is not None:
-                        self.on_error(m.topic)
-                else:
-                    acked += 1
-            self._pending = waiting
-            if (waiting or failed) and self.stop is not None and self.stop():
-                raise BrokerUnavailableError(f"{len(waiting) + len(failed)} output messages not acknowledged "
-                                             f"at shutdown")
-            if waiting:
-                stalled = True
-                log.warning("broker %s has not acknowledged %d output message(s) for %.0f s (unreachable or "
-                            "stalled): waiting, the producer retries them; watermarks are not committed until "
-                            "they are acknowledged", self.cfg.kafka.bootstrap_servers, len(waiting),
-                            time.monotonic() - t0)
-            elif failed:  # re-sent in their order once nothing else is in flight
-                d = next(delays)
-                log.warning("%d output messages not acknowledged; re-sending in %.1f s", len(failed), d)
-                time.sleep(d)
-                self.send(failed)
-                failed = []
-        if stalled:
-            log.warning("broker %s acknowledged the held output messages after %.0f s: resuming",
-                        self.cfg.kafka.bootstrap_servers, time.monotonic() - t0)
-        return acked
 
 
 class OutputReader:

@@ -2,19 +2,77 @@
 
 Names are ``stream_anon_*``.  The deploy rules, the Grafana dashboard and the tests cross-check
 against :data:`METRIC_NAMES`, and against a live ``/metrics`` scrape of the running service.
+
+Histograms are :class:`BulkHistogram` collectors (prometheus_client's public custom-collector API): the service
+observes a whole batch of values at once (one ``numpy`` pass, not one call per value).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 DELAY_ARRIVAL_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 750, 900, 1000, 1500, 2000, 3000, 5000, 10000)
 DELAY_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 LOSS_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 CLASS_SIZE_BUCKETS = (2, 3, 5, 10, 15, 20, 30, 50, 100, 200, 500)
 PROCESSING_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2, 0.1)
+
+
+class BulkHistogram:
+    """A label-less histogram observed in bulk, registered as a custom collector.
+
+    ``observe_many(values)`` counts exactly what ``prometheus_client.Histogram.observe`` would for each value
+    (a value equal to a bound falls in that bound's bucket; NaN adds NaN to the sum and to no bucket, as
+    ``observe`` does), with one ``searchsorted`` over the batch.
+    """
+
+    def __init__(self, name: str, documentation: str, *, buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        bounds = sorted(float(b) for b in buckets)
+        if bounds[-1] != float("inf"):
+            bounds.append(float("inf"))
+        self.name = name
+        self.documentation = documentation
+        self._bounds = np.asarray(bounds, dtype=np.float64)
+        self._counts = np.zeros(len(bounds), dtype=np.int64)  # per bucket (made cumulative when collected)
+        self._sum = 0.0
+        self._created = time.time()
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def observe_many(self, values: Sequence[float] | np.ndarray) -> None:
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        if arr.size == 0:
+            return
+        idx = np.searchsorted(self._bounds, arr, side="left")  # NaN sorts last: index len(bounds), no bucket
+        counts = np.bincount(idx[idx < len(self._bounds)], minlength=len(self._bounds))
+        total = float(arr.sum())
+        with self._lock:
+            self._counts += counts
+            self._sum += total
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts)
+            total = self._sum
+        fam = HistogramMetricFamily(self.name, self.documentation)
+        fam.add_metric([], [(floatToGoString(b), float(c)) for b, c in zip(self._bounds.tolist(), cumulative.tolist(), strict=True)],
+                       total)
+        fam.add_sample(f"{self.name}_created", {}, self._created)
+        yield fam
 
 
 @dataclass
@@ -38,21 +96,21 @@ class ServiceMetrics:
                                                  "Re-consumed records skipped because already released (recovery)",
                                                  ["topic"], registry=r)
         # -- delay
-        self.release_delay_arrivals = Histogram("stream_anon_release_delay_arrivals",
+        self.release_delay_arrivals = BulkHistogram("stream_anon_release_delay_arrivals",
                                                 "Arrivals a record waited before its release", buckets=DELAY_ARRIVAL_BUCKETS,
                                                 registry=r)
-        self.release_delay_seconds = Histogram("stream_anon_release_delay_seconds",
+        self.release_delay_seconds = BulkHistogram("stream_anon_release_delay_seconds",
                                                "Seconds from ingest to release", buckets=DELAY_SECONDS_BUCKETS,
                                                registry=r)
         self.delay_bound_arrivals = Gauge("stream_anon_delay_bound_arrivals", "Configured delay bound delta (arrivals)",
                                           registry=r)
         # -- information loss and classes
-        self.class_information_loss = Histogram("stream_anon_class_information_loss",
+        self.class_information_loss = BulkHistogram("stream_anon_class_information_loss",
                                                 "Goldberger-Tassa loss of each released class (mean over QIs)",
                                                 buckets=LOSS_BUCKETS, registry=r)
         self.gt_loss = Gauge("stream_anon_gt_loss", "Running Goldberger-Tassa loss of everything released so far",
                              registry=r)
-        self.class_size = Histogram("stream_anon_class_size", "Records per released equivalence class",
+        self.class_size = BulkHistogram("stream_anon_class_size", "Records per released equivalence class",
                                     buckets=CLASS_SIZE_BUCKETS, registry=r)
         self.k_anonymity_violations = Counter("stream_anon_k_anonymity_violations",
                                               "Released classes that failed the independent k/l check before publishing",
@@ -67,7 +125,7 @@ class ServiceMetrics:
                                   ["topic", "partition"], registry=r)
         self.commit_watermark = Gauge("stream_anon_commit_watermark",
                                       "Committed offset: lowest offset still buffered", ["topic", "partition"], registry=r)
-        self.processing_seconds = Histogram("stream_anon_processing_seconds", "Engine time per record",
+        self.processing_seconds = BulkHistogram("stream_anon_processing_seconds", "Engine time per record",
                                             buckets=PROCESSING_BUCKETS, registry=r)
         self.produce_errors = Counter("stream_anon_produce_errors", "Produce requests that failed and were retried",
                                       ["topic"], registry=r)

@@ -25,14 +25,15 @@ nothing is buffered): committing it after the producer acknowledged every output
 from __future__ import annotations
 
 import heapq
-import inspect
 import json
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from stream_anon.core.engine.protocol import EngineLike
+from stream_anon.core.engine.release import Release
 from stream_anon.core.schema import Kind, Schema, SchemaError
 
 CONTROL_HEADER = "stream-anon-control"
@@ -82,18 +83,6 @@ class DeadLetter:
     reason: str
     error: str
     field: str | None = None
-
-
-class EngineLike(Protocol):
-    def push(self, record: Mapping[str, Any], now: float | None = None) -> list[Any]: ...
-
-    def flush(self, now: float | None = None) -> list[Any]: ...
-
-    @property
-    def buffered_records(self) -> int: ...
-
-    @property
-    def open_clusters(self) -> int: ...
 
 
 @dataclass
@@ -294,6 +283,7 @@ class PipelineSettings:
     l: int | None = None  # noqa: E741
     max_message_bytes: int = 65536
     dlq_max_bytes: int = 1000000
+    encode_in_batches: bool = True  # one engine.encode_many per run of records; False: engine.push per record
 
 
 class PartitionPipeline:
@@ -332,12 +322,6 @@ class PartitionPipeline:
         self._qis = [a.name for a in schema.qis]
         self._qi_getter = operator.itemgetter(*self._qis) if len(self._qis) > 1 else (
             lambda rec: (rec[self._qis[0]],))
-        # vectorized QI encoding when the engine offers encode_many(columns) + push_encoded(record, row, now)
-        self._encode_many = getattr(engine, "encode_many", None)
-        self._push_encoded = getattr(engine, "push_encoded", None)
-        if self._encode_many is None or self._push_encoded is None or \
-                len(inspect.signature(self._push_encoded).parameters) != 3:
-            self._push_encoded = None
         self._release_prefix = f"{settings.input_topic}/{partition}/"
         self._src_headers = ((H_SRC_TOPIC, settings.input_topic.encode()),
                              (H_SRC_PARTITION, str(partition).encode()))
@@ -363,8 +347,8 @@ class PartitionPipeline:
         """Handle consecutive messages of this partition (offsets ascending).
 
         Valid records are collected and pushed in runs: one vectorized QI encoding per run
-        (``engine.encode_many`` + ``push_encoded`` when the engine has them), in arrival order; a control
-        message ends the run before it flushes.
+        (``engine.encode_many`` + ``push_encoded``, unless ``settings.encode_in_batches`` is off), in arrival
+        order; a control message ends the run before it flushes.
         """
         out: list[OutputMessage] = []
         stats = BatchStats()
@@ -404,17 +388,18 @@ class PartitionPipeline:
         if not run:
             return
         rows = None
-        if self._push_encoded is not None and len(run) > 1:
+        engine = self.engine
+        if self.settings.encode_in_batches and len(run) > 1:
             try:
                 getter = self._qi_getter
                 cols = zip(*[getter(rec) for _, rec in run], strict=True)
-                rows = self._encode_many(dict(zip(self._qis, cols, strict=True)))  # type: ignore[misc]
-            except Exception:  # fall back to one push per record (same result)
+                rows = engine.encode_many(dict(zip(self._qis, cols, strict=True)))
+            except Exception:  # fall back to one push per record: the record the engine refuses is dead-lettered
                 rows = None
-        push, push_encoded = self.engine.push, self._push_encoded
+        push, push_encoded = engine.push, engine.push_encoded
         for i, (m, rec) in enumerate(run):
             try:
-                releases = push(rec, now) if rows is None else push_encoded(rec, rows[i], now)  # type: ignore[misc]
+                releases = push(rec, now) if rows is None else push_encoded(rec, rows[i], now)
             except Exception as e:  # engine refused the record: keep the service running, account for it
                 del self._buffered[m.offset]
                 out.append(self._dead_letter(m, DeadLetter("engine_error", f"engine rejected the record: {e!r}")))
@@ -434,13 +419,12 @@ class PartitionPipeline:
         """Apply the engine's wall-clock bound (``max_delay_seconds``) without an arrival."""
         out: list[OutputMessage] = []
         stats = BatchStats()
-        expire = getattr(self.engine, "expire", None)
-        if expire is not None and self._buffered:
-            self._emit(expire(now), self.next_offset - 1, out, stats, now)
+        if self._buffered:
+            self._emit(self.engine.expire(now), self.next_offset - 1, out, stats, now)
         return BatchResult(out, stats)
 
     # ---------------------------------------------------------------- encoding
-    def _emit(self, releases: Sequence[Any], trigger: int, out: list[OutputMessage], stats: BatchStats,
+    def _emit(self, releases: Sequence[Release], trigger: int, out: list[OutputMessage], stats: BatchStats,
               now: float | None) -> None:
         s = self.settings
         horizon = str(self.horizon).encode()

@@ -35,6 +35,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from kafka import KafkaProducer
+from kafka.producer.future import RecordMetadata
+
 from stream_anon.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -139,8 +142,6 @@ class KafkaSink:
 
     def __init__(self, bootstrap_servers: str, topic: str, *, producer_config: dict[str, Any] | None = None,
                  metrics: ServiceMetrics | None = None) -> None:
-        from kafka import KafkaProducer
-
         config: dict[str, Any] = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
         config.update(producer_config or {})
         self.topic = topic
@@ -149,7 +150,7 @@ class KafkaSink:
         self.acked = 0
         self.producer = KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
 
-    def _ok(self, _md: Any) -> None:
+    def _ok(self, _md: RecordMetadata) -> None:
         self.acked += 1
 
     def _error(self, exc: BaseException) -> None:

@@ -1,37 +1,96 @@
 """Where the pure per-partition pipelines run: in the service's own thread, or in worker processes.
 
-The Kafka loop (``app.MainPath``) talks to a *backend*: ``create`` a partition's pipeline, ``submit`` batches,
-collect :class:`PartitionResult` s in submission order (per partition), ``drop`` partitions.  With
-``service.workers >= 1`` the pipelines (decode, validate, engine, encode: the CPU-heavy part) run in that many
-child processes (partition p in worker p mod n), so they overlap with the Kafka I/O of the main process
-instead of sharing its GIL; results come back in order over a pipe.  ``service.workers = 0`` runs them
-inline (same code, same results).
+The Kafka loop (``app.MainPath``) talks to a :class:`Backend`: ``create`` a partition's pipeline, ``submit`` work
+(:class:`ProcessBatch`, :class:`FlushPartition`, :class:`ExpirePartition`), collect :class:`PartitionResult` s in
+submission order (per partition), ``drop`` partitions.  With ``service.workers >= 1`` the pipelines (decode,
+validate, engine, encode: the CPU-heavy part) run in that many child processes (partition p in worker p mod n), so
+they overlap with the Kafka I/O of the main process instead of sharing its GIL; requests and results cross the
+pipes as the dataclasses below.  ``service.workers = 0`` runs them inline (same code, same results).
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import queue
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Protocol
 
+from stream_anon.core.engine.protocol import EngineLike
+from stream_anon.core.schema import Schema
+from stream_anon.service.config import Config
 from stream_anon.service.pipeline import (
     BatchResult,
     BatchStats,
-    EngineLike,
     InputMessage,
     OutputMessage,
     PartitionPipeline,
     PipelineSettings,
 )
+from stream_anon.service.wiring import load_schema, make_engine_factory, pipeline_settings
 
 log = logging.getLogger(__name__)
 
 RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes]], int | None]
 """(offset, value, key, headers, timestamp_ms) of one input message (cheap to pickle)."""
+
+
+# ---------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class CreatePartition:
+    """Build a partition's pipeline starting at ``start`` (after a recovery read-back)."""
+
+    partition: int
+    start: int
+    released: tuple[int, ...]  # offsets >= start already released before the restart
+    horizon: int
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class ProcessBatch:
+    """Consecutive input messages of one partition."""
+
+    partition: int
+    messages: tuple[RawMessage, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class FlushPartition:
+    """Release or suppress everything the partition buffers (idle flush)."""
+
+    partition: int
+    now: float
+
+
+@dataclass(frozen=True)
+class ExpirePartition:
+    """Apply the engine's wall-clock bound without an arrival."""
+
+    partition: int
+    now: float
+
+
+@dataclass(frozen=True)
+class DropPartitions:
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    pass
+
+
+Work = ProcessBatch | FlushPartition | ExpirePartition
+Request = CreatePartition | Work | DropPartitions | StopWorker
 
 
 @dataclass
@@ -49,37 +108,68 @@ class PartitionResult:
     next_offset: int
 
 
-def _result(partition: int, pipe: PartitionPipeline, res: BatchResult, elapsed: float, n: int) -> PartitionResult:
-    return PartitionResult(partition, res.outputs, res.stats, elapsed, n, pipe.watermark, pipe.buffered,
-                           int(getattr(pipe.engine, "open_clusters", 0)), pipe.next_offset)
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A request failed in a worker (the service then stops; a restart recovers from the watermarks)."""
+
+    request: str
+    error: str
 
 
-class _Pipelines:
+class WorkerError(RuntimeError):
+    """A pipeline worker process failed or died."""
+
+
+class Backend(Protocol):
+    """Where the partition pipelines run (:class:`InlineBackend`, :class:`ProcessBackend`)."""
+
+    @property
+    def pending(self) -> int:
+        """Work submitted whose result was not collected yet."""
+        ...
+
+    def create(self, request: CreatePartition) -> None: ...
+
+    def submit(self, work: Work) -> None: ...
+
+    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
+        """Results of finished work, in submission order per partition (``wait_all``: of all submitted work)."""
+        ...
+
+    def drop(self, partitions: Iterable[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------- executors
+class Pipelines:
     """The partition pipelines of one executor (inline or inside a worker process)."""
 
-    def __init__(self, schema: Any, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
+    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
         self.schema = schema
         self.settings = settings
         self.engine_factory = engine_factory
         self.pipes: dict[int, PartitionPipeline] = {}
 
-    def create(self, partition: int, start: int, released: Iterable[int], horizon: int, incarnation: str) -> None:
-        self.pipes[partition] = PartitionPipeline(partition, self.schema, self.engine_factory(partition), self.settings,
-                                                  incarnation=incarnation, start_offset=start,
-                                                  already_released=released, horizon=horizon)
+    def create(self, r: CreatePartition) -> None:
+        self.pipes[r.partition] = PartitionPipeline(r.partition, self.schema, self.engine_factory(r.partition),
+                                                    self.settings, incarnation=r.incarnation, start_offset=r.start,
+                                                    already_released=r.released, horizon=r.horizon)
 
-    def run(self, op: str, partition: int, msgs: Sequence[RawMessage], now: float) -> PartitionResult:
-        pipe = self.pipes[partition]
+    def run(self, work: Work) -> PartitionResult:
+        pipe = self.pipes[work.partition]
         t0 = time.perf_counter()
-        if op == "process":
-            res = pipe.process([InputMessage(o, v, k, h, ts) for o, v, k, h, ts in msgs], now)
-        elif op == "flush":
-            res = pipe.flush(now)
-        elif op == "expire":
-            res = pipe.expire(now)
-        else:
-            raise ValueError(f"unknown pipeline operation {op!r}")
-        return _result(partition, pipe, res, time.perf_counter() - t0, len(msgs))
+        res: BatchResult
+        match work:
+            case ProcessBatch(messages=msgs, now=now):
+                res = pipe.process([InputMessage(o, v, k, h, ts) for o, v, k, h, ts in msgs], now)
+                n = len(msgs)
+            case FlushPartition(now=now):
+                res, n = pipe.flush(now), 0
+            case ExpirePartition(now=now):
+                res, n = pipe.expire(now), 0
+        return PartitionResult(work.partition, res.outputs, res.stats, time.perf_counter() - t0, n, pipe.watermark,
+                               pipe.buffered, pipe.engine.open_clusters, pipe.next_offset)
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
@@ -89,21 +179,21 @@ class _Pipelines:
 class InlineBackend:
     """Pipelines in the calling thread (``service.workers = 0``)."""
 
-    def __init__(self, schema: Any, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
-        self._p = _Pipelines(schema, settings, engine_factory)
+    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
+        self._p = Pipelines(schema, settings, engine_factory)
         self._ready: deque[PartitionResult] = deque()
 
     @property
     def pending(self) -> int:
         return len(self._ready)
 
-    def create(self, partition: int, start: int, released: Iterable[int], horizon: int, incarnation: str) -> None:
-        self._p.create(partition, start, released, horizon, incarnation)
+    def create(self, request: CreatePartition) -> None:
+        self._p.create(request)
 
-    def submit(self, op: str, partition: int, msgs: Sequence[RawMessage], now: float) -> None:
-        self._ready.append(self._p.run(op, partition, msgs, now))
+    def submit(self, work: Work) -> None:
+        self._ready.append(self._p.run(work))
 
-    def results(self, *, wait_all: bool = False, max_pending: int = 0) -> list[PartitionResult]:
+    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
         out = list(self._ready)
         self._ready.clear()
         return out
@@ -115,21 +205,15 @@ class InlineBackend:
         self._p.pipes.clear()
 
 
-def _worker_main(cfg: Any, requests: Any, results: Any) -> None:
-    """Child process: build the schema/engine factory from the config, then serve requests until 'stop'.
+def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None:
+    """Child process: build the schema/engine factory from the config, then serve requests until :class:`StopWorker`
+    or until the request pipe closes (the parent is gone).
 
     Results go out through a sender thread, so this loop keeps reading requests while a large result is
     being written (two blocking writers on the two pipes could otherwise wait for each other forever).
     """
-    import queue
-    import signal
-    import threading
-
-    from stream_anon.service.app import load_schema, make_engine_factory, pipeline_settings
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
-
-    outbox: queue.Queue[Any] = queue.Queue()
+    outbox: queue.Queue[PartitionResult | WorkerFailure | None] = queue.Queue()
 
     def sender() -> None:
         while True:
@@ -144,46 +228,42 @@ def _worker_main(cfg: Any, requests: Any, results: Any) -> None:
     th = threading.Thread(target=sender, daemon=True)
     th.start()
     schema = load_schema(cfg)
-    pipes = _Pipelines(schema, pipeline_settings(cfg), make_engine_factory(cfg, schema))
+    pipes = Pipelines(schema, pipeline_settings(cfg), make_engine_factory(cfg, schema))
     try:
         while True:
             try:
-                req = requests.recv()
+                req: Request = requests.recv()
             except (EOFError, OSError):
                 return
-            cmd = req[0]
             try:
-                if cmd == "stop":
-                    return
-                if cmd == "create":
-                    pipes.create(*req[1:])
-                elif cmd == "drop":
-                    pipes.drop(req[1])
-                else:
-                    outbox.put(("ok", pipes.run(cmd, req[1], req[2], req[3])))
-            except Exception as e:  # report to the parent, which stops (a restart recovers from the watermark)
-                log.exception("pipeline worker: %s failed", cmd)
-                outbox.put(("error", f"{cmd}: {e!r}"))
+                match req:
+                    case StopWorker():
+                        return
+                    case CreatePartition():
+                        pipes.create(req)
+                    case DropPartitions(partitions=ps):
+                        pipes.drop(ps)
+                    case _:
+                        outbox.put(pipes.run(req))
+            except Exception as e:  # report any failure to the parent, which stops (a restart recovers)
+                log.exception("pipeline worker: %s failed", type(req).__name__)
+                outbox.put(WorkerFailure(type(req).__name__, repr(e)))
     finally:
         outbox.put(None)
         th.join(10)
 
 
-class WorkerError(RuntimeError):
-    """A pipeline worker process failed or died."""
-
-
 class ProcessBackend:
     """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker."""
 
-    def __init__(self, cfg: Any, n: int, max_in_flight: int = 2) -> None:
+    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2) -> None:
         ctx = mp.get_context("spawn")
         self.n = n
         self.max_in_flight = max_in_flight
-        self._conns: list[Any] = []
-        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._procs: list[BaseProcess] = []
         self._in_flight: list[int] = [0] * n
-        self._results: list[Any] = []
+        self._results: list[Connection] = []
         for i in range(n):
             req_read, req_write = ctx.Pipe(duplex=False)
             res_read, res_write = ctx.Pipe(duplex=False)
@@ -204,28 +284,28 @@ class ProcessBackend:
     def pending(self) -> int:
         return sum(self._in_flight)
 
-    def create(self, partition: int, start: int, released: Iterable[int], horizon: int, incarnation: str) -> None:
-        self._conns[self._w(partition)].send(("create", partition, start, list(released), horizon, incarnation))
+    def create(self, request: CreatePartition) -> None:
+        self._conns[self._w(request.partition)].send(request)
 
-    def submit(self, op: str, partition: int, msgs: Sequence[RawMessage], now: float) -> None:
-        w = self._w(partition)
-        self._conns[w].send((op, partition, list(msgs), now))
+    def submit(self, work: Work) -> None:
+        w = self._w(work.partition)
+        self._conns[w].send(work)
         self._in_flight[w] += 1
 
     def _recv(self, w: int) -> PartitionResult:
         try:
-            status, payload = self._results[w].recv()
+            msg: PartitionResult | WorkerFailure = self._results[w].recv()
         except (EOFError, OSError) as e:
             raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) died: {e!r}") from e
         self._in_flight[w] -= 1
-        if status != "ok":
-            raise WorkerError(f"pipeline worker {w}: {payload}")
-        return payload  # type: ignore[no-any-return]
+        if isinstance(msg, WorkerFailure):
+            raise WorkerError(f"pipeline worker {w}: {msg.request}: {msg.error}")
+        return msg
 
-    def results(self, *, wait_all: bool = False, max_pending: int | None = None) -> list[PartitionResult]:
-        """Results available now; with ``wait_all`` every outstanding one; otherwise waits only while a worker
-        has more than ``max_pending`` (default ``max_in_flight - 1``) batches outstanding (backpressure)."""
-        limit = self.max_in_flight - 1 if max_pending is None else max_pending
+    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
+        """Results available now; with ``wait_all`` every outstanding one; otherwise waits only while a worker has
+        ``max_in_flight`` batches outstanding (backpressure)."""
+        limit = self.max_in_flight - 1
         out: list[PartitionResult] = []
         for w, conn in enumerate(self._results):
             while self._in_flight[w] and (wait_all or self._in_flight[w] > limit or conn.poll()):
@@ -234,12 +314,12 @@ class ProcessBackend:
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
-            self._conns[self._w(p)].send(("drop", [p]))
+            self._conns[self._w(p)].send(DropPartitions((p,)))
 
     def close(self) -> None:
         for conn in self._conns:
             try:
-                conn.send(("stop",))
+                conn.send(StopWorker())
             except (OSError, ValueError):
                 pass
         for proc in self._procs:

@@ -3,6 +3,7 @@ read every side topic back and check copies, eps and estimates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -19,8 +20,8 @@ from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.side_app import SideStatus, run_side_paths
-from stream_anon.service.side_paths import KMeansConfig, SidePathConfig
+from stream_anon.side.app import SideStatus, run_side_paths
+from stream_anon.side.config import KMeansConfig, SidePathConfig
 
 pytestmark = pytest.mark.integration
 
@@ -28,16 +29,11 @@ N_RECORDS = 3000
 
 
 def _config(bootstrap: str, tag: str, side: SidePathConfig) -> Config:
-    cfg = Config()
-    cfg.kafka.bootstrap_servers = bootstrap
-    cfg.kafka.group_id = f"g-{tag}"
-    cfg.kafka.session_timeout_ms = 6000
-    cfg.kafka.heartbeat_interval_ms = 1000
-    t = cfg.topics
+    options: dict[str, Any] = {"kafka.bootstrap_servers": bootstrap, "kafka.group_id": f"g-{tag}",
+                               "kafka.session_timeout_ms": 6000, "kafka.heartbeat_interval_ms": 1000}
     for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
-        setattr(t, name, f"{tag}.{name}")
-    cfg.side_paths = side  # type: ignore[assignment]
-    return cfg
+        options[f"topics.{name}"] = f"{tag}.{name}"
+    return dataclasses.replace(Config.load(env={}, overrides=options), side_paths=side)
 
 
 def _read_all(bootstrap: str, topic: str, timeout_s: float = 30.0, expect: int | None = None) -> list[Any]:
@@ -185,7 +181,7 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
 def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: list[dict[str, Any]],
                                                  running_side: Any, caplog: pytest.LogCaptureFixture) -> None:
     tag = "sb" + uuid.uuid4().hex[:6]
-    side = SidePathConfig(estimates_every=0, estimates_every_seconds=None, sender_processes=0,  # produce inline
+    side = SidePathConfig(estimates_every=0, estimates_every_seconds=None,
                           kmeans=KMeansConfig(window=500, epsilon=1.0, total_epsilon=2.5))
     cfg = _config(broker.bootstrap_servers, tag, side)
     metrics = ServiceMetrics(CollectorRegistry())

@@ -11,23 +11,24 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stream_anon.bench.side import benchmark
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.privacy.bounded_laplace import BoundedLaplace
 from stream_anon.privacy.dp_kmeans import nicv
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, no_repeat_epsilon
-from stream_anon.service.side_paths import (
+from stream_anon.service.config import Config
+from stream_anon.side.config import (
     BLapConfig,
     KMeansConfig,
     KRRConfig,
     RSConfig,
     SidePathConfig,
     SidePathConfigError,
-    SidePathProcessor,
     SideTopics,
-    benchmark,
 )
+from stream_anon.side.processor import SidePathProcessor
 
 TOPICS = SideTopics()
 PER_RECORD = (TOPICS.krr, TOPICS.rs, TOPICS.blap)
@@ -121,8 +122,6 @@ def test_total_epsilon_cap_is_enforced_at_start() -> None:
     (SidePathConfig(rs=RSConfig(variant="x")), r"rs.variant"),
     (SidePathConfig(kmeans=KMeansConfig(window=2)), r"kmeans.window"),
     (SidePathConfig(kmeans=KMeansConfig(attributes=["sex", "age"])), r"kmeans.attributes.*'sex'"),
-    (SidePathConfig(sender_processes=-1), r"sender_processes.*\[0, 8\].*-1"),
-    (SidePathConfig(sender_processes=True), r"sender_processes.*True"),
 ])
 def test_bad_configuration_names_option_and_value(cfg: SidePathConfig, match: str) -> None:
     with pytest.raises(SidePathConfigError, match=match):
@@ -137,8 +136,6 @@ def test_config_coercion_from_mapping_and_service_settings() -> None:
     assert cfg.rs == RSConfig()
     with pytest.raises(SidePathConfigError, match=r"unknown option side_paths.krr.bogus"):
         SidePathConfig.coerce({"krr": {"bogus": 1}})
-    from stream_anon.service.config import Config
-
     svc = SidePathConfig.coerce(Config().side_paths)  # the service's section maps onto SidePathConfig
     assert isinstance(svc, SidePathConfig)
     SidePathProcessor(svc, rng=0)
@@ -264,7 +261,7 @@ def test_kmeans_budget_exhaustion_stops_the_output(adult: list[dict[str, Any]],
     cfg = SidePathConfig(estimates_every=0, estimates_every_seconds=None,
                          kmeans=KMeansConfig(window=1000, epsilon=0.4, total_epsilon=1.0))
     proc = SidePathProcessor(cfg, rng=4)
-    with caplog.at_level(logging.ERROR, logger="stream_anon.service.side_paths"):
+    with caplog.at_level(logging.ERROR, logger="stream_anon.side.processor"):
         out = run_all(proc, adult[:5000], batch=800)
     km = by_topic(out, TOPICS.kmeans)
     assert [k["window"] for k in km] == [0, 1]  # 0.4 + 0.4 of 1.0; the third window (0.4) does not fit
@@ -335,9 +332,9 @@ def test_encoded_copies_are_the_json_of_the_dict_copies(adult: list[dict[str, An
     rest: list[Any] = []
     for i in range(0, len(records), 1000):
         dicts.extend(a.process_batch(records[i:i + 1000]))
-        c, r = b.process_batch_encoded(records[i:i + 1000])
-        copies.extend(c)
-        rest.extend(r)
+        batch = b.process_batch_encoded(records[i:i + 1000])
+        copies.extend(batch.copies)
+        rest.extend(batch.outputs)
     per_record = [o for o in dicts if o[0] in a.epsilon_per_record]
     encoded = [(c.topic, rid, payload, c.epsilon_total) for c in copies for rid, payload in zip(c.ids, c.payloads,
                                                                                                 strict=True)]

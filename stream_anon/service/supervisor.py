@@ -1,0 +1,182 @@
+"""The side paths next to the main path: started, watched and stopped by the service (``stream-anon run``, demo).
+
+``service.side_paths_mode``: ``process`` (default: a child process, no shared GIL, so a slow side path never
+delays the main path; it has its own metrics endpoint, ``service.side_metrics_port``), ``thread`` (a thread of
+this process, sharing its metrics) or ``off``.  Each runs :func:`stream_anon.side.app.run_side_paths` with its
+own consumer group.
+
+The child process is started non-daemonic and stopped explicitly: :meth:`SidePaths.stop` asks it over its pipe,
+waits for its final report, and only terminates it if it does not finish in time.  The pipe is also how the child
+notices that the service died (end of file): it then stops on its own instead of living on as an orphan.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from stream_anon.service.config import Config
+from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.side.app import SideStatus, run_side_paths
+
+log = logging.getLogger(__name__)
+
+REPORT_SECONDS = 0.25
+"""How often the child process looks at its pipe (stop requests, status requests, the service gone)."""
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """Parent -> child: send a :class:`SideReport`."""
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Parent -> child: finish (final estimates, flush, close) and exit."""
+
+
+@dataclass(frozen=True)
+class SideReport:
+    """Child -> parent: the side paths' totals (:meth:`SideStatus.summary`); ``exit_code`` on the final one."""
+
+    summary: dict[str, Any]
+    exit_code: int | None = None
+
+
+class SidePaths:
+    """The LDP side paths started next to the main path (see the module docstring)."""
+
+    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> None:
+        self.cfg = cfg
+        self.mode = cfg.service.side_paths_mode if cfg.side_paths.enabled else "off"
+        self.status: SideStatus | None = None
+        self._thread: threading.Thread | None = None
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._summary: dict[str, Any] | None = None
+        self._asked = False
+        self.exit_code: int | None = None
+        if self.mode == "thread":
+            status = self.status = SideStatus()
+
+            def run() -> None:
+                self.exit_code = run_side_paths(cfg, metrics, stop_event, status=status)
+
+            self._thread = threading.Thread(target=run, name="side-paths")
+            self._thread.start()
+        elif self.mode == "process":
+            ctx = mp.get_context("spawn")
+            self._conn, child_end = ctx.Pipe(duplex=True)
+            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end), name="stream-anon-side-paths",
+                                        daemon=False)
+            self._process.start()
+            child_end.close()
+            log.info("side paths started in process %d (metrics port %s)", self._process.pid,
+                     cfg.service.side_metrics_port or "off")
+
+    def progress(self) -> dict[str, Any] | None:
+        """Latest status summary (thread mode: live; process mode: the child's latest report, one call behind)."""
+        if self.status is not None:
+            return self.status.summary()
+        if self._conn is not None:
+            self._drain()
+            if not self._asked and self.alive:
+                try:
+                    self._conn.send(StatusRequest())
+                    self._asked = True
+                except (OSError, ValueError):
+                    pass
+        return self._summary
+
+    def _drain(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        try:
+            while conn.poll():
+                report: SideReport = conn.recv()
+                self._summary = report.summary
+                self._asked = False
+                if report.exit_code is not None:
+                    self.exit_code = report.exit_code
+        except (EOFError, OSError):
+            pass
+
+    @property
+    def alive(self) -> bool:
+        if self._thread is not None:
+            return self._thread.is_alive()
+        if self._process is not None:
+            return self._process.is_alive()
+        return False
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any] | None:
+        """Stop the side paths (the thread's ``stop_event`` is the service's, already set by the caller) and
+        return their final summary."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        proc, conn = self._process, self._conn
+        if proc is not None and conn is not None:
+            try:
+                conn.send(StopRequest())
+            except (OSError, ValueError):  # the child is gone already
+                pass
+            deadline = time.monotonic() + timeout
+            while self.exit_code is None and proc.is_alive() and time.monotonic() < deadline:
+                if conn.poll(0.05):
+                    self._drain()
+            self._drain()
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.warning("side-path process %d did not stop within %.0f s: terminating it", proc.pid, timeout)
+                proc.terminate()
+                proc.join(5)
+            conn.close()
+            self._conn = None
+        return self.progress()
+
+
+def side_process_main(cfg: Config, conn: Connection) -> None:
+    """Child process: the side paths with their own metrics registry/endpoint, driven over ``conn``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    if cfg.service.side_metrics_port:
+        try:
+            serve_metrics(registry, cfg.service.side_metrics_port, cfg.service.metrics_addr)
+        except OSError as e:
+            log.warning("side-path metrics endpoint not started: %s", e)
+    stop = threading.Event()
+    status = SideStatus()
+    exit_code: list[int] = []
+    th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status)),
+                          name="side-paths")
+    th.start()
+    while th.is_alive():
+        if not conn.poll(REPORT_SECONDS):
+            continue
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the service is gone: stop instead of living on as an orphan
+            log.warning("side paths: the service process is gone; stopping")
+            stop.set()
+            th.join()
+            return
+        if isinstance(msg, StopRequest):
+            stop.set()
+        elif isinstance(msg, StatusRequest):
+            conn.send(SideReport(status.summary()))
+    try:
+        conn.send(SideReport(status.summary(), exit_code[0] if exit_code else 1))
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,420 @@
+"""The side paths' Kafka loop: an independent consumer group on the input topic (a slow side path never delays
+the main path), the pure :class:`~stream_anon.side.processor.SidePathProcessor`, one
+:class:`~stream_anon.service.producer.OutputProducer` and the metrics.
+
+Loop: ``poll`` a batch; decode and validate every message with the main path's
+:class:`~stream_anon.service.pipeline.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
+perturb it and send the copies (JSON-encoded column-wise, sent in bulk), the estimates and the k-means releases it
+triggered (``acks=all``; acknowledged at a flush every ``service.commit_interval_ms`` and whenever a poll returns
+nothing, when the metrics count them).
+
+Why commit before publishing: a record consumed again after a crash would be randomized a second time with
+fresh noise, and two independent reports of the same value spend 2 eps, not the eps printed on them.
+Committing first means every record is randomized at most once per consumer group, so the eps on each
+message is the eps its record really spent.  The price: a crash between the commit and the producer's
+acknowledgement loses the side copies of the batches consumed since the last flush (at most
+``service.commit_interval_ms`` worth of records; the main path, which has its own group, loses nothing).  If a
+commit fails (e.g. a rebalance moved the partition), the batch is neither randomized nor published: it is
+consumed again (seek back), or by the partition's new owner.
+
+Bad input: the main path already dead-letters every bad input message, so the side path only counts and
+skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
+true`` (side paths running without a main path) dead-letters them too.  Control messages (header
+``stream-anon-control: flush``, end of stream, one per input partition): once every assigned partition's
+latest message is such a control, a final round of estimates is published and a partial k-means window is
+released (if it holds at least ``kmeans.min_partial_window`` records).
+
+Estimates and the k-means window live in memory: after a restart they cover the records since the restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.schema import Schema
+from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import (
+    BrokerUnavailableError,
+    MessageRejectedError,
+    ProducerFatalError,
+    connect_admin,
+    ensure_topics,
+    make_consumer,
+    retry,
+)
+from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.pipeline import (
+    CONTROL_FLUSH,
+    CONTROL_HEADER,
+    H_ERROR,
+    H_FIELD,
+    H_KIND,
+    H_REASON,
+    H_SRC_OFFSET,
+    H_SRC_PARTITION,
+    H_SRC_TOPIC,
+    DeadLetter,
+    OutputMessage,
+    RecordDecoder,
+)
+from stream_anon.service.producer import OutputProducer, open_producer
+from stream_anon.side.config import SidePathConfigError
+from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
+from stream_anon.side.metrics import SideMetrics
+from stream_anon.side.processor import Out, SideEvent, SidePathProcessor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SideStatus:
+    """Running totals of the side paths in this process (the demo summary and tests read them)."""
+
+    consumed: int = 0  # input messages consumed by the side group
+    processed: int = 0  # valid records perturbed
+    control: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, commit failures)
+    published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
+    epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
+    epsilon_per_record: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
+    kmeans_windows: int = 0
+    kmeans_refused: int = 0
+    kmeans_stopped: bool = False
+    positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (committed)
+    group_id: str = ""
+    ready: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The totals as plain data (JSON, pickling across processes)."""
+        return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
+                "published": dict(self.published), "epsilon_spent": dict(self.epsilon_spent),
+                "epsilon_per_record": dict(self.epsilon_per_record), "estimates": dict(self.estimates),
+                "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
+                "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
+                "control": self.control}
+
+
+@dataclass
+class _Decoded:
+    """One polled batch of a partition, decoded (see :meth:`SidePathApp._decode`)."""
+
+    segments: list[tuple[list[dict[str, Any]], bool]] = field(default_factory=lambda: [([], False)])
+    dlq: list[OutputMessage] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # DLQ reasons of the bad input messages
+    controls: int = 0
+
+
+def side_group_id(cfg: Config) -> str:
+    """The side paths' consumer group: ``side_paths.group_id``, else ``<kafka.group_id>-ldp``."""
+    return cfg.side_paths.group_id or f"{cfg.kafka.group_id}-ldp"
+
+
+class SidePathApp:
+    """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
+
+    def __init__(self, cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
+                 *, schema: Schema | None = None, status: SideStatus | None = None,
+                 rng: np.random.Generator | int | None = None) -> None:
+        self.cfg = cfg
+        self.side = cfg.side_paths
+        self.stop_event = stop_event or threading.Event()
+        self.status = status or SideStatus()
+        self.schema = schema if schema is not None else cfg.anonymization.load_schema()
+        self.topics = cfg.topics.side_topics()
+        self.input_topic = cfg.topics.input
+        self.group_id = side_group_id(cfg)
+        self.status.group_id = self.group_id
+        self.processor = SidePathProcessor(self.side, self.schema, topics=self.topics, rng=rng)
+        self.metrics = SideMetrics(metrics if metrics is not None else ServiceMetrics(CollectorRegistry()),
+                                   self.processor, self.input_topic)
+        self.status.epsilon_per_record = dict(self.processor.epsilon_per_record)
+        self.decoder = RecordDecoder(self.schema, cfg.service.max_message_bytes)
+        self._consumer: KafkaConsumer | None = None
+        self._producer: OutputProducer | None = None
+        self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
+        self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
+        self._unacked_copies: list[CopyBatch] = []
+        self._last_flush = time.monotonic()
+        self._flush_every = max(0.0, cfg.service.commit_interval_ms / 1000.0)
+        t = self.topics
+        self._per_record_topics = frozenset(self.processor.epsilon_per_record)
+        self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
+        self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
+        self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        cfg = self.cfg
+        stop = self.stop_event.is_set
+        if not self.side.enabled:
+            log.info("side paths disabled (side_paths.enabled = false)")
+            self.status.finished.set()
+            return 0
+        try:
+            admin = connect_admin(cfg, on_retry=self.metrics.reconnect, stop=stop)
+            t = self.topics
+            # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
+            wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
+            counts = retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
+            admin.close()
+            self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
+                                           stop=stop, label="side")
+            self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
+        except BrokerUnavailableError as e:
+            return self._failed_start(str(e), 3)
+        except Exception as e:  # a thread's top: never die silently (the main path goes on without side paths)
+            log.exception("side paths: start failed")
+            return self._failed_start(repr(e), 1)
+        self._consumer.subscribe([self.input_topic])
+        self.metrics.budgets()
+        log.info("side paths: consuming %s as group %r -> %s; eps per record %s (all side topics %g)",
+                 self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
+                 {t: round(e, 6) for t, e in self.processor.epsilon_per_record.items()},
+                 self.processor.epsilon_all_topics)
+        self.status.ready.set()
+        rc = 0
+        try:
+            self._loop()
+        except BrokerUnavailableError as e:
+            log.error("side paths stopped: %s", e)
+            self.status.error = str(e)
+            rc = 3
+        except Exception as e:  # a thread's top: never die silently; log, record, and let the main path continue
+            log.exception("side paths failed: %r", e)
+            self.status.error = repr(e)
+            rc = 1
+        finally:
+            self._shutdown()
+        return rc
+
+    def _failed_start(self, error: str, rc: int) -> int:
+        log.error("side paths: %s", error)
+        if self._producer is not None:
+            self._producer.close(0.0)
+            self._producer = None
+        self.status.error = error
+        self.status.finished.set()
+        return rc
+
+    def _loop(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        poll_ms, max_records = self.cfg.service.poll_timeout_ms, self.cfg.kafka.max_poll_records
+        while not self.stop_event.is_set():
+            batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
+            if not batch:
+                self._publish(self.processor.poll(), 0)
+                self._flush()
+                continue
+            for tp, recs in batch.items():
+                if recs:
+                    self._process(tp, recs)
+            if time.monotonic() - self._last_flush >= self._flush_every:
+                self._flush()
+
+    def _decode(self, partition: int, recs: Sequence[ConsumerRecord]) -> _Decoded:
+        """Validated records in segments (a segment ends at an end-of-stream control), bad input, dead letters."""
+        d = _Decoded()
+        for r in recs:
+            if r.headers and any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in r.headers):
+                d.controls += 1
+                d.segments[-1] = (d.segments[-1][0], True)
+                d.segments.append(([], False))
+                continue
+            rec = self.decoder.decode(r.value)
+            if isinstance(rec, DeadLetter):
+                d.bad.append(rec.reason)
+                if self.side.dead_letter:
+                    d.dlq.append(self._dead_letter(partition, r, rec))
+                continue
+            d.segments[-1][0].append(rec)
+        return d
+
+    def _process(self, tp: TopicPartition, recs: Sequence[ConsumerRecord]) -> None:
+        status, proc = self.status, self.processor
+        assert self._consumer is not None
+        n = len(recs)
+        # decode everything first, then commit (at most one randomization per record), then perturb + publish
+        decoded = self._decode(tp.partition, recs)
+        next_offset = int(recs[-1].offset) + 1
+        try:
+            self._consumer.commit({tp: OffsetAndMetadata(next_offset, None, -1)})
+        except KafkaError as e:
+            # nothing of this batch was randomized yet: re-read it (or let the partition's new owner do it)
+            log.warning("side paths: commit of %s@%d failed (%r); the batch of %d messages is not perturbed now and "
+                        "will be consumed again (no record is randomized twice)", tp, next_offset, e, n)
+            try:
+                self._consumer.seek(tp, int(recs[0].offset))
+            except ValueError as e2:  # partition revoked: its new owner starts from the committed offset
+                log.info("side paths: %s no longer assigned (%r)", tp, e2)
+            self.stop_event.wait(0.5)
+            return
+        status.consumed += n
+        status.control += decoded.controls
+        self.metrics.consumed(n)
+        for reason in decoded.bad:
+            self._skip(reason)
+        status.positions[tp.partition] = next_offset
+        outputs: list[Out] = []
+        copies: list[CopyBatch] = []
+        events: list[SideEvent] = []
+        for records, flush_after in decoded.segments:
+            if records:
+                try:
+                    b = proc.process_batch_encoded(records)
+                except (SidePathConfigError, ValueError, ArithmeticError) as e:  # a bug or a schema mismatch
+                    log.exception("side paths: %d records of %s not perturbed: %s", len(records), tp, e)
+                    self._skip("side_path_error", len(records))
+                else:
+                    copies.extend(b.copies)
+                    outputs.extend(b.outputs)
+                    events.extend(b.events)
+                    status.processed += len(records)
+                self._ended.discard(tp.partition)
+            if flush_after:
+                self._ended.add(tp.partition)
+                if self._all_partitions_ended():
+                    outputs.extend(proc.flush())
+        outputs.extend(proc.poll())  # timer (nothing right after a flush: no new records since)
+        if decoded.dlq:
+            assert self._producer is not None
+            self._producer.send(decoded.dlq)
+            for m in decoded.dlq:
+                self.metrics.dead_lettered(dict(m.headers)[H_REASON].decode())
+        self._publish(outputs, tp.partition, copies, events)
+
+    def _all_partitions_ended(self) -> bool:
+        """True when every assigned input partition's latest message is an end-of-stream flush control."""
+        assert self._consumer is not None
+        assigned = {tp.partition for tp in self._consumer.assignment() if tp.topic == self.input_topic}
+        return assigned <= self._ended
+
+    def _skip(self, reason: str, count: int = 1) -> None:
+        self.status.skipped[reason] = self.status.skipped.get(reason, 0) + count
+        self.metrics.skipped(reason, count)
+
+    def _dead_letter(self, partition: int, r: ConsumerRecord, dl: DeadLetter) -> OutputMessage:
+        headers: list[tuple[str, bytes]] = [(H_SRC_TOPIC, self.input_topic.encode()),
+                                            (H_SRC_PARTITION, str(partition).encode()),
+                                            (H_SRC_OFFSET, str(r.offset).encode()), (H_KIND, b"dlq"),
+                                            (H_REASON, dl.reason.encode()), (H_ERROR, dl.error.encode()[:2000])]
+        if dl.field is not None:
+            headers.append((H_FIELD, str(dl.field).encode()))
+        return OutputMessage("dlq", self.topics.dlq, partition, r.key, r.value or b"", tuple(headers))
+
+    def _publish(self, outputs: list[Out], partition: int, copies: Sequence[CopyBatch] = (),
+                 events: Sequence[SideEvent] = ()) -> None:
+        """Send the encoded per-record ``copies`` and ``outputs`` (acknowledged at the next :meth:`_flush`, which
+        also counts them in the metrics)."""
+        proc = self.processor
+        producer = self._producer
+        assert producer is not None
+        events = [*events, *proc.drain_events()]
+        for c in copies:
+            producer.send_values(c.topic, partition, list(map(str.encode, c.ids)), c.payloads,
+                                 self._copy_headers[c.topic])
+        self._unacked_copies.extend(copies)
+        if outputs:
+            per_record = self._per_record_topics
+            producer.send([OutputMessage(self._kinds.get(topic, "side"), topic, partition, key.encode(),
+                                         encode_json(msg if topic in per_record else json_safe(msg)),
+                                         self._headers[topic])
+                           for topic, key, msg in outputs])
+            self._unacked.extend(outputs)
+        for ev in events:
+            if ev.kind in ("budget_exhausted", "kmeans_skipped"):
+                # the processor logged the exhaustion at ERROR; later refused windows once per window here
+                if ev.kind == "kmeans_skipped":
+                    log.error("%s", ev.detail)
+                self.metrics.budget_refused(ev.topic)
+        self.status.kmeans_windows = proc.kmeans_windows
+        self.status.kmeans_refused = proc.kmeans_refused
+        self.status.kmeans_stopped = proc.kmeans_stopped
+        if events:
+            self.metrics.budgets()
+
+    def _flush(self) -> None:
+        """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status)."""
+        self._last_flush = time.monotonic()
+        if self._producer is None or not (self._unacked or self._unacked_copies):
+            return
+        self._producer.flush()
+        outputs, self._unacked = self._unacked, []
+        copies, self._unacked_copies = self._unacked_copies, []
+        status = self.status
+        per_topic = self.metrics.published(outputs, copies)
+        for topic, c in per_topic.items():
+            status.published[topic] = status.published.get(topic, 0) + c
+        t = self.topics
+        for topic, _key, msg in outputs:
+            if topic == t.estimates:
+                status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
+            elif topic == t.kmeans:
+                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
+        for topic in self._per_record_topics:
+            if topic in per_topic:
+                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + \
+                    per_topic[topic] * self.processor.epsilon_per_record[topic]
+
+    def _shutdown(self) -> None:
+        try:
+            if self._producer is not None and self._consumer is not None and self.status.ready.is_set():
+                self._publish(self.processor.flush(partial_kmeans=False), 0)  # final estimates, no budget spent
+                self._flush()
+        except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
+            log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaError, OSError) as e:  # closing a client of a dead broker
+                log.debug("consumer close failed: %r", e)
+        if self._producer is not None:
+            self._producer.close(10.0)
+        self.status.finished.set()
+        log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
+
+
+def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"source_topic": msg["source_topic"], "type": msg["type"], "n": msg["n"],
+                           "epsilon": msg["epsilon"], "standard_error": msg.get("standard_error"),
+                           "round": msg["round"]}
+    if msg["type"] == "mean":
+        out["mean"] = msg["mean"]
+    truth = msg.get("truth")
+    if truth is not None:
+        out["abs_error"] = truth.get("abs_error")
+    return out
+
+
+def run_side_paths(cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
+                   *, schema: Schema | None = None, status: SideStatus | None = None,
+                   rng: np.random.Generator | int | None = None) -> int:
+    """Run the side paths until ``stop_event`` is set (call it in a thread: ``threading.Thread(target=
+    run_side_paths, args=(cfg, metrics, stop_event))``).  Pass a :class:`SideStatus` to follow progress
+    (``ready``, ``finished``, ``processed``, ``published``, ``estimates``).  Returns 0, or 3 when the broker is
+    unreachable, 1 on an unexpected error (logged; the main path is not affected).  The config was validated when
+    it was loaded (the side-path options included); a config built otherwise and found invalid here returns 2."""
+    try:
+        app = SidePathApp(cfg, metrics, stop_event, schema=schema, status=status, rng=rng)
+    except ValueError as e:  # SidePathConfigError, PrivacyParameterError, SchemaError
+        log.error("side paths not started: %s", e)
+        if status is not None:
+            status.error = str(e)
+            status.finished.set()
+        return 2
+    return app.run()

@@ -1,0 +1,140 @@
+"""The one producer of the service: retry policy, errors, receipts (in memory), and both clients against Tansu."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from producer_support import MemoryTransport
+
+from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import BrokerUnavailableError, ProducerFatalError
+from stream_anon.service.pipeline import OutputMessage
+from stream_anon.service.producer import (
+    PRODUCER_CLIENTS,
+    ConfluentTransport,
+    KafkaPythonTransport,
+    OutgoingBatch,
+    OutputProducer,
+    librdkafka_config,
+    open_producer,
+)
+
+FAST = Config.load(env={}, overrides={"kafka.retry_backoff_max_seconds": 0.01, "kafka.request_timeout_ms": 1000})
+
+
+def test_only_the_failed_messages_are_resent_in_order_and_counted_once_per_batch() -> None:
+    errors: list[str] = []
+    memory = MemoryTransport(partitions=2, fail_once={b"v3", b"v7"})
+    producer = OutputProducer(FAST, transport_factory=lambda: memory, on_error=errors.append)
+    headers = [("kind", b"krr")]
+    keys: list[bytes | None] = [f"k{i}".encode() for i in range(10)]
+    copies = producer.send_values("adult.krr", 3, keys, [f"v{i}".encode() for i in range(10)], headers)
+    est = producer.send([OutputMessage("estimates", "adult.estimates", 2, b"krr/sex", b"{}", (("kind", b"estimates"),))])
+    assert producer.pending == 11
+    assert producer.flush() == 11
+    assert producer.pending == 0
+    values = [m.value for m in memory.sent]
+    assert values[:11] == [f"v{i}".encode() for i in range(10)] + [b"{}"]
+    assert values[11:] == [b"v3", b"v7"]  # only the failed ones, once more, in their order
+    assert {(m.topic, m.partition) for m in memory.sent} == {("adult.krr", 1), ("adult.estimates", 0)}  # src mod 2
+    assert all(m.headers == headers for m in memory.sent if m.topic == "adult.krr")
+    assert errors == ["adult.krr"]  # one failed batch (two messages) -> one error count
+    # every acknowledged message's position, in the order it was given (the re-sent ones at their new offsets)
+    assert [(d.topic, d.partition, d.offset) for d in copies.deliveries()] == \
+        [("adult.krr", 1, o) for o in (0, 1, 2, 8, 3, 4, 5, 9, 6, 7)]
+    assert [d.offset for d in est.deliveries()] == [0] and copies.acknowledged
+
+
+def test_a_fatal_client_error_is_raised_and_reopen_resends_what_was_not_acknowledged() -> None:
+    clients = [MemoryTransport(fatal=True), MemoryTransport()]
+    producer = OutputProducer(FAST, transport_factory=lambda: clients.pop(0))
+    first = producer.transport
+    receipt = producer.send([OutputMessage("anon", "adult.anon", 0, b"c1", b"class-1", ()),
+                             OutputMessage("anon", "adult.anon", 1, b"c2", b"class-2", ())])
+    with pytest.raises(ProducerFatalError, match="fenced"):
+        producer.flush()
+    assert not receipt.acknowledged
+    with pytest.raises(ValueError, match="not acknowledged"):
+        receipt.deliveries()
+    assert producer.reopen() == 2
+    assert isinstance(first, MemoryTransport) and first.closed
+    assert producer.flush() == 2
+    assert [m.value for m in producer.transport.sent] == [b"class-1", b"class-2"]  # type: ignore[attr-defined]
+    assert [(d.partition, d.offset) for d in receipt.deliveries()] == [(0, 0), (1, 0)]
+
+
+class Holding(MemoryTransport):
+    """Never acknowledges anything (a broker that stopped answering)."""
+
+    def submit(self, batch: OutgoingBatch) -> None:
+        pass
+
+
+def test_stopping_while_the_broker_does_not_answer_gives_up_waiting() -> None:
+    stop = threading.Event()
+    producer = OutputProducer(FAST, transport_factory=Holding, stop=stop.is_set)
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match="1 output messages not acknowledged at shutdown"):
+        producer.flush()
+    assert time.monotonic() - t0 < 30
+    assert producer.pending == 1
+
+
+def test_librdkafka_options_carry_the_security_settings() -> None:
+    cfg = Config.load(env={}, overrides={
+        "kafka.bootstrap_servers": "h:9093", "kafka.security_protocol": "SASL_SSL", "kafka.sasl_mechanism": "PLAIN",
+        "kafka.sasl_plain_username": "u", "kafka.sasl_plain_password": "p", "kafka.ssl_cafile": "/ca.pem",
+        "kafka.ssl_check_hostname": False, "kafka.compression_type": "zstd"})
+    conf = librdkafka_config(cfg)
+    assert conf["acks"] == "all" and conf["enable.idempotence"] is True
+    assert conf["security.protocol"] == "sasl_ssl" and conf["sasl.mechanism"] == "PLAIN"
+    assert conf["sasl.username"] == "u" and conf["sasl.password"] == "p" and conf["ssl.ca.location"] == "/ca.pem"
+    assert conf["ssl.endpoint.identification.algorithm"] == "none" and conf["compression.type"] == "zstd"
+    no_idem = librdkafka_config(cfg.with_options({"kafka.enable_idempotence": False}))
+    assert no_idem["max.in.flight.requests.per.connection"] == 1  # order kept across retries
+
+
+# ---------------------------------------------------------------------------------------------- real broker
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("client", PRODUCER_CLIENTS)
+def test_idempotent_producer_with_acks_all_on_tansu_reports_every_offset(broker: Any, client: str) -> None:
+    """Tansu answers InitProducerId (an idempotent producer sends nothing before it has its producer id), and every
+    acknowledged message is where its receipt says it is."""
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
+                                         "kafka.producer_client": client})
+    topic = f"idem{uuid.uuid4().hex[:6]}"
+    producer = open_producer(cfg)
+    try:
+        t = producer.transport
+        if isinstance(t, ConfluentTransport):
+            assert t.config["acks"] == "all" and t.config["enable.idempotence"] is True
+        else:
+            assert isinstance(t, KafkaPythonTransport)
+            assert t.producer.config["acks"] in ("all", -1) and t.producer.config["enable_idempotence"] is True
+        values = [f"copy-{i}".encode() for i in range(3000)]
+        bulk = producer.send_values(topic, 0, [f"k{i}".encode() for i in range(3000)], values, [("kind", b"krr")])
+        one = producer.send([OutputMessage("anon", topic, 0, b"class", b"the-class", (("kind", b"anon"),))])
+        assert producer.flush() == 3001
+    finally:
+        producer.close()
+    offsets = [d.offset for d in bulk.deliveries()]
+    assert offsets == list(range(3000)) and [d.offset for d in one.deliveries()] == [3000]
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 2999)
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += consumer.poll(timeout_ms=500).get(tp, [])
+    consumer.close()
+    assert [(r.offset, r.value, r.headers) for r in got[:2]] == [(2999, b"copy-2999", [("kind", b"krr")]),
+                                                                (3000, b"the-class", [("kind", b"anon")])]
