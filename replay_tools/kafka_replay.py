@@ -34,7 +34,7 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError, TopicAlreadyEx
 
 from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
 from replay_tools.progress import ProgressBar, RateLimiter
-from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from replay_support import write_clinic
 
 from replay_tools.kafka_replay import ensure_topic, read_topic, replay_records
 from stream_anon.core.datasets import iter_adult_records
-from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from replay_tools.kafka_replay import (
 from replay_tools.progress import ProgressBar, RateLimiter
 from stream_anon.core.schema import Schema
 from stream_anon.service.broker import free_port
-from stream_anon.service.pipeline import DeadLetter, RecordDecoder
+from stream_anon.service.decoding import DeadLetter, RecordDecoder
 
 
 def test_loop_record_id_keeps_pass_zero_and_suffixes_later_passes() -> None:

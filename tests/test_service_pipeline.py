@@ -13,9 +13,8 @@ from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, RecordDecoder
 from stream_anon.service.pipeline import (
-    CONTROL_FLUSH,
-    CONTROL_HEADER,
     H_HORIZON,
     H_REASON,
     H_SRC_OFFSET,
@@ -24,7 +23,6 @@ from stream_anon.service.pipeline import (
     PartitionPipeline,
     PipelineSettings,
     ReadBackScan,
-    RecordDecoder,
     class_rows,
     output_offsets,
 )

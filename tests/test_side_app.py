@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.service.config import Config
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.pipeline import CONTROL_FLUSH, CONTROL_HEADER, OutputMessage
+from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer
 from stream_anon.side.app import SidePathApp
 from stream_anon.side.config import KMeansConfig, SidePathConfig

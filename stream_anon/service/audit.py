@@ -17,13 +17,8 @@ from typing import Any
 import pandas as pd
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from stream_anon.service.pipeline import (
-    CONTROL_FLUSH,
-    CONTROL_HEADER,
-    H_REASON,
-    H_SRC_OFFSET,
-    H_SRC_PARTITION,
-)
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.service.pipeline import H_REASON, H_SRC_OFFSET, H_SRC_PARTITION
 
 
 def send_flush_markers(producer: KafkaProducer, topic: str, partitions: Sequence[int]) -> None:

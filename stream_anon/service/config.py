@@ -35,6 +35,7 @@ import yaml
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.privacy.base import PrivacyParameterError
+from stream_anon.service.release import ReleaseConfigError, ReleaseOptions
 from stream_anon.side.config import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
 
 ENV_PREFIX = "STREAM_ANON_"
@@ -180,12 +181,29 @@ class ServiceSettings:
 
 
 @dataclass(frozen=True)
+class ReleaseSettings:
+    """What leaves the service on public topics (docs/threat-model.md)."""
+
+    include_record_ids: bool = False  # true: class messages carry their members' record ids (OUTSIDE the threat model)
+    secret: str | None = None  # key of side-copy pseudonyms and dead-letter hashes (>= 16 bytes); None: generated at start
+
+
+@dataclass(frozen=True)
+class DeadLetterSettings:
+    """The internal dead-letter topic."""
+
+    payload: str = "redacted"  # redacted: reason, field, length, position, keyed hash | raw: also the original bytes
+
+
+@dataclass(frozen=True)
 class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     anonymization: AnonymizationSettings = field(default_factory=AnonymizationSettings)
     side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # options: stream_anon.side.config
     service: ServiceSettings = field(default_factory=ServiceSettings)
+    release: ReleaseSettings = field(default_factory=ReleaseSettings)
+    dlq: DeadLetterSettings = field(default_factory=DeadLetterSettings)
 
     # -------------------------------------------------------------- loading
     @classmethod
@@ -251,6 +269,10 @@ class Config:
         names = [t.input, *t.outputs().values()]
         if len(set(names)) != len(names):
             raise ConfigError(f"topics: input and output topics must differ, got {names}")
+        try:
+            self.release_options()
+        except ReleaseConfigError as e:
+            raise ConfigError(str(e)) from None
         a = self.anonymization
         try:
             schema = a.load_schema()
@@ -271,15 +293,22 @@ class Config:
             except PrivacyParameterError as e:
                 raise ConfigError(f"side_paths: {e}") from None
 
+    def release_options(self) -> ReleaseOptions:
+        """The options of the release formats (``release.*``, ``dlq.payload``, ``service.dlq_max_bytes``)."""
+        return ReleaseOptions(include_record_ids=self.release.include_record_ids, secret=self.release.secret,
+                              dlq_payload=self.dlq.payload, dlq_max_payload_bytes=self.service.dlq_max_bytes)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def redacted(self) -> dict[str, Any]:
-        """``to_dict`` with passwords replaced, for logs and run directories."""
+        """``to_dict`` with passwords and the release secret replaced, for logs and run directories."""
         d = self.to_dict()
         for key in ("sasl_plain_password", "ssl_password"):
             if d["kafka"].get(key):
                 d["kafka"][key] = "***"
+        if d["release"].get("secret"):
+            d["release"]["secret"] = "***"
         return d
 
 

@@ -13,6 +13,7 @@ from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
 from stream_anon.service.pipeline import PipelineSettings
+from stream_anon.service.release import ReleaseSecret, resolve_secret
 
 
 def load_schema(cfg: Config) -> Schema:
@@ -37,3 +38,15 @@ def pipeline_settings(cfg: Config) -> PipelineSettings:
     return PipelineSettings(input_topic=t.input, anon_topic=t.anon, suppressed_topic=t.suppressed, dlq_topic=t.dlq,
                             k=a.k, delta=a.delta, l=a.l, max_message_bytes=s.max_message_bytes,
                             dlq_max_bytes=s.dlq_max_bytes)
+
+
+def with_release_secret(cfg: Config) -> tuple[Config, ReleaseSecret]:
+    """``cfg`` with ``release.secret`` set, and the secret: the configured one, or one generated now (CSPRNG).
+
+    Call it ONCE in the parent process, before starting pipeline workers and the side-path process, and hand them
+    the returned config: every process then derives the same pseudonyms and dead-letter hashes.
+    """
+    secret = resolve_secret(cfg.release.secret)
+    if secret.generated:
+        cfg = cfg.with_options({"release.secret": secret.text}, origin="generated at start")
+    return cfg, secret

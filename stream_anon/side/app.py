@@ -3,7 +3,7 @@ the main path), the pure :class:`~stream_anon.side.processor.SidePathProcessor`,
 :class:`~stream_anon.service.producer.OutputProducer` and the metrics.
 
 Loop: ``poll`` a batch; decode and validate every message with the main path's
-:class:`~stream_anon.service.pipeline.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
+:class:`~stream_anon.service.decoding.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
 perturb it and send the copies (JSON-encoded column-wise, sent in bulk), the estimates and the k-means releases it
 triggered (``acks=all``; acknowledged at a flush every ``service.commit_interval_ms`` and whenever a poll returns
 nothing, when the metrics count them).
@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     MessageRejectedError,
@@ -56,8 +57,6 @@ from stream_anon.service.kafka_io import (
 )
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import (
-    CONTROL_FLUSH,
-    CONTROL_HEADER,
     H_ERROR,
     H_FIELD,
     H_KIND,
@@ -65,9 +64,7 @@ from stream_anon.service.pipeline import (
     H_SRC_OFFSET,
     H_SRC_PARTITION,
     H_SRC_TOPIC,
-    DeadLetter,
     OutputMessage,
-    RecordDecoder,
 )
 from stream_anon.service.producer import OutputProducer, open_producer
 from stream_anon.side.config import SidePathConfigError
