@@ -102,15 +102,35 @@ def kp_send(producer: KafkaProducer, start: int, n: int, timeout_s: float = 25.0
     return {"outcome": dict(outcome), "acked": acked, "state": state}
 
 
+class _CallbackHandler(logging.Handler):
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self.callback = callback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.callback(record.getMessage())
+
+
 class CKProbe:
     """A long-lived confluent-kafka idempotent producer; records delivery reports and error callbacks."""
 
     def __init__(self, bs: str) -> None:
         self.errors: Counter[str] = Counter()
         self.fatal: list[str] = []
+        self.epoch_bumps = 0  # librdkafka's own (client-side) epoch bumps, from its "eos" debug log
+        self.last_pid = ""
+        log = logging.getLogger(f"rdkafka.{id(self)}")
+        log.propagate = False
+        log.setLevel(logging.DEBUG)
+        log.addHandler(_CallbackHandler(self._on_log))
         self.producer = CKProducer({"bootstrap.servers": bs, "enable.idempotence": True, "acks": "all",
                                     "linger.ms": 5, "message.timeout.ms": 20000, "error_cb": self._on_error,
-                                    "reconnect.backoff.max.ms": 1000})
+                                    "reconnect.backoff.max.ms": 1000, "debug": "eos", "logger": log})
+
+    def _on_log(self, msg: str) -> None:
+        if "bumped epoch to" in msg:
+            self.epoch_bumps += 1
+            self.last_pid = msg.rsplit("bumped epoch to", 1)[1].strip()
 
     def _on_error(self, err: CKError) -> None:
         key = f"{err.name()} fatal={err.fatal()}: {err.str()[:100]}"
@@ -137,7 +157,8 @@ class CKProbe:
         remaining = self.producer.flush(timeout_s)
         if remaining:
             outcome["still queued after flush"] += remaining
-        return {"outcome": dict(outcome), "acked": acked, "error_cb": dict(self.errors), "fatal": list(self.fatal)}
+        return {"outcome": dict(outcome), "acked": acked, "error_cb": dict(self.errors), "fatal": list(self.fatal),
+                "epoch_bumps_so_far": self.epoch_bumps, "last_bump": self.last_pid}
 
 
 def topic_meta(bs: str) -> dict[str, Any]:
@@ -423,6 +444,120 @@ def scenario_pid_reuse(storage: str, workdir: Path) -> dict[str, Any]:
     return res
 
 
+def scenario_auto_create(workdir: Path) -> dict[str, Any]:
+    """Which clients recreate a missing topic through their metadata requests, and with how many partitions."""
+    res: dict[str, Any] = {"scenario": "auto-create", "storage": "memory"}
+    with broker_for("memory", workdir) as b:
+        bs = b.bootstrap_servers
+        c = KafkaConsumer("t-consumer-flag-off", bootstrap_servers=bs, group_id="ac", allow_auto_create_topics=False,
+                          session_timeout_ms=6000)
+        c.poll(1000)
+        c.close()
+        res["kafka_python_consumer allow_auto_create_topics=False"] = topic_meta_of(bs, "t-consumer-flag-off")
+        c = KafkaConsumer(bootstrap_servers=bs, group_id="ac2", session_timeout_ms=6000)
+        c._client.cluster.config["allow_auto_create_topics"] = False  # noqa: SLF001 - the workaround
+        c.subscribe(["t-consumer-patched"])
+        c.poll(1000)
+        c.close()
+        res["kafka_python_consumer cluster.config patched"] = topic_meta_of(bs, "t-consumer-patched")
+        p = KafkaProducer(bootstrap_servers=bs, allow_auto_create_topics=False, max_block_ms=1500)
+        with contextlib.suppress(Exception):
+            p.send("t-producer-flag-off", b"x").get(timeout=5)
+        p.close()
+        res["kafka_python_producer allow_auto_create_topics=False"] = topic_meta_of(bs, "t-producer-flag-off")
+        p = KafkaProducer(bootstrap_servers=bs, max_block_ms=1500)
+        p._metadata.config["allow_auto_create_topics"] = False  # noqa: SLF001 - the workaround
+        with contextlib.suppress(Exception):
+            p.send("t-producer-patched", b"x").get(timeout=5)
+        p.close()
+        res["kafka_python_producer _metadata.config patched"] = topic_meta_of(bs, "t-producer-patched")
+        ck = CKProducer({"bootstrap.servers": bs})
+        ck.produce("t-confluent-producer-default", b"x")
+        ck.flush(5)
+        res["confluent_producer default"] = topic_meta_of(bs, "t-confluent-producer-default")
+        ck = CKProducer({"bootstrap.servers": bs, "allow.auto.create.topics": False, "message.timeout.ms": 3000})
+        ck.produce("t-confluent-producer-off", b"x")
+        ck.flush(5)
+        res["confluent_producer allow.auto.create.topics=false"] = topic_meta_of(bs, "t-confluent-producer-off")
+    return res
+
+
+def topic_meta_of(bs: str, topic: str) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bs, request_timeout_ms=5000)
+    try:
+        if topic not in admin.list_topics():
+            return "not created"
+        return f"created with {len(admin.describe_topics([topic])[0]['partitions'])} partitions"
+    finally:
+        admin.close()
+
+
+def scenario_throughput(storage: str, workdir: Path, n: int) -> dict[str, Any]:
+    """Records/s of an idempotent kafka-python producer (acks=all) and of reading the topic back, per storage."""
+    with broker_for(storage, workdir) as b:
+        bs = b.bootstrap_servers
+        admin = KafkaAdminClient(bootstrap_servers=bs)
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])
+        admin.close()
+        p = kp_producer(bs)
+        payload = b"x" * 200
+        t0 = time.monotonic()
+        for i in range(n):
+            p.send(TOPIC, key=b"%d" % i, value=payload)
+        p.flush(timeout=300)
+        produce_s = time.monotonic() - t0
+        p.close(timeout=5)
+        t0 = time.monotonic()
+        got = sum(len(v) for v in read_all(bs, PARTITIONS, timeout_s=600).values())
+        read_s = time.monotonic() - t0
+        objects = (sum(1 for _ in (workdir / "s3").rglob("*.batch._S3rver_object"))
+                   if storage == "s3" else None)  # s3-plain keeps its files elsewhere
+    return {"scenario": "throughput", "storage": storage, "records": n, "read_back": got,
+            "produce_records_per_s": round(n / produce_s), "read_records_per_s": round(got / read_s),
+            "batch_objects": objects}
+
+
+def scenario_consumer_positions(storage: str, workdir: Path) -> dict[str, Any]:
+    """A kafka-python group member that consumed and committed everything stays alive across the restart; then
+    400 new records are produced: which does it get, and what do its positions, highwaters and topic id say?"""
+    res: dict[str, Any] = {"scenario": "consumer positions", "storage": storage}
+    with broker_for(storage, workdir) as b:
+        bs = b.bootstrap_servers
+        admin = KafkaAdminClient(bootstrap_servers=bs)
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])
+        admin.close()
+        kp_send(kp_producer(bs), 0, 200)
+        c = consumer(bs)
+        n = 0
+        deadline = time.monotonic() + 60
+        while n < 200 and time.monotonic() < deadline:
+            n += sum(len(v) for v in c.poll(500).values())
+        c.commit()
+        cluster = c._client.cluster  # noqa: SLF001 - the topic id kafka-python caches
+        res["before"] = {"topic_id": str(cluster.topic_id(TOPIC)),
+                         "position": {tp.partition: c.position(tp) for tp in c.assignment()}}
+        b.restart(hard=True)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 8:
+            c.poll(300)
+        tps = sorted(c.assignment())
+        res["after_restart"] = {"topic_id": str(cluster.topic_id(TOPIC)), "assignment": [tp.partition for tp in tps],
+                                "committed": {tp.partition: c.committed(tp) for tp in tps},
+                                "position": {tp.partition: c.position(tp) for tp in tps},
+                                "highwater": {tp.partition: c.highwater(tp) for tp in tps}}
+        kp_send(kp_producer(bs), 1000, 400)
+        got: list[tuple[int, int]] = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 8:
+            got += [(tp.partition, r.offset) for tp, recs in c.poll(300).items() for r in recs]
+        tps = sorted(c.assignment())
+        res["after_400_new_records"] = {"received": len(got),
+                                        "first_offset": {p: min(o for q, o in got if q == p) for p in {q for q, _ in got}},
+                                        "highwater": {tp.partition: c.highwater(tp) for tp in tps}}
+        c.close()
+    return res
+
+
 def scenario_timing(storage: str, workdir: Path, runs: int) -> dict[str, Any]:
     """Seconds from spawning the restarted broker until metadata, and until a fresh producer's first ack."""
     to_meta, to_ack = [], []
@@ -449,7 +584,10 @@ def main() -> None:
     ap.add_argument("--mid-produce-runs", type=int, default=3)
     ap.add_argument("--mid-produce-idempotence", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--timing-runs", type=int, default=5)
-    ap.add_argument("--only", nargs="+", default=["restart", "mid-produce", "pid-reuse", "timing"])
+    ap.add_argument("--only", nargs="+",
+                    default=["restart", "mid-produce", "pid-reuse", "consumer-positions", "timing", "auto-create",
+                             "throughput"])
+    ap.add_argument("--throughput-records", type=int, default=32_561)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temporary directory)")
     args = ap.parse_args()
@@ -478,11 +616,25 @@ def main() -> None:
                 work.mkdir()
                 results.append(scenario_pid_reuse(storage, work))
                 print(json.dumps(results[-1], default=str), flush=True)
+            if "consumer-positions" in args.only:
+                work = Path(tmp) / "consumer-positions"
+                work.mkdir()
+                results.append(scenario_consumer_positions(storage, work))
+                print(json.dumps(results[-1], default=str), flush=True)
+            if "throughput" in args.only:
+                work = Path(tmp) / "throughput"
+                work.mkdir()
+                results.append(scenario_throughput(storage, work, args.throughput_records))
+                print(json.dumps(results[-1], default=str), flush=True)
             if "timing" in args.only and args.timing_runs:
                 work = Path(tmp) / "timing"
                 work.mkdir()
                 results.append(scenario_timing(storage, work, args.timing_runs))
                 print(json.dumps(results[-1], default=str), flush=True)
+    if "auto-create" in args.only:
+        with tempfile.TemporaryDirectory(prefix="tansu-probe-") as tmp_dir:
+            results.append(scenario_auto_create(Path(tmp_dir)))
+            print(json.dumps(results[-1], default=str), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
 
