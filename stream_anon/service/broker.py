@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -50,11 +51,13 @@ log = logging.getLogger(__name__)
 MEMORY_STORAGE = "memory://tansu/"
 DURABLE_STORAGE = "s3"  # EmbeddedBroker(storage="s3"): Tansu on a private s3rver
 S3RVER_ENV = "STREAM_ANON_S3RVER"  # the s3rver package directory (or its bin script); overrides the search
-S3RVER_PACKAGE = "s3rver@3.7.1"
+S3RVER_NPM_SPEC = "s3rver@3.7.1"
 S3RVER_LOCAL_DIR = Path(".cache") / "npm"  # project-local npm prefix (gitignored), filled by scripts/test.sh
 S3RVER_ACCESS_KEY = S3RVER_SECRET_KEY = "S3RVER"  # s3rver's fixed default credentials
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _PR_SET_PDEATHSIG = 1
+# loaded here, in the parent: a forked child must not dlopen (it may deadlock on a lock another thread held)
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def free_port() -> int:
@@ -76,7 +79,7 @@ def find_s3rver() -> Path:
     """The s3rver package directory: ``$STREAM_ANON_S3RVER`` (the package directory or its ``bin/s3rver.js``),
     else ``.cache/npm/node_modules/s3rver`` under the project root or the working directory (where
     ``scripts/test.sh`` installs it), else the package behind an ``s3rver`` executable on PATH."""
-    hint = (f"install it with `npm install --prefix {S3RVER_LOCAL_DIR} {S3RVER_PACKAGE}` in the project root "
+    hint = (f"install it with `npm install --prefix {S3RVER_LOCAL_DIR} {S3RVER_NPM_SPEC}` in the project root "
             f"(scripts/test.sh does this) or set ${S3RVER_ENV} to its package directory")
     candidates: list[Path] = []
     env = os.environ.get(S3RVER_ENV)
@@ -191,8 +194,8 @@ server.run().then(address => { console.log(`s3rver listening on ${address.addres
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child before exec
     """preexec_fn: ask Linux to send SIGTERM when the starting thread dies; exit if it is already gone."""
     parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    assert _LIBC is not None
+    _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
 
@@ -201,7 +204,7 @@ def _spawn(cmd: list[str], out: IO[bytes] | int, env: dict[str, str] | None = No
     """Start ``cmd`` in its own session (no terminal signals from the starter's process group), with a
     parent-death signal when started from the main thread on Linux."""
     main = threading.current_thread() is threading.main_thread()
-    preexec = _die_with_parent if main and os.uname().sysname == "Linux" else None
+    preexec = _die_with_parent if main and _LIBC is not None else None
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, preexec_fn=preexec)
 
@@ -327,7 +330,10 @@ class EmbeddedBroker:
                 self._tmp = tempfile.TemporaryDirectory(prefix="tansu-s3-")
                 data_dir = self._tmp.name
             s3_log = self.log_path.with_name(self.log_path.stem + ".s3rver.log") if self.log_path else None
-            self.s3 = S3rver(data_dir, log_path=s3_log, startup_timeout_s=startup_timeout_s)
+            s3_port = free_port()
+            while s3_port == self.port:
+                s3_port = free_port()
+            self.s3 = S3rver(data_dir, port=s3_port, log_path=s3_log, startup_timeout_s=startup_timeout_s)
         elif data_dir is not None:
             raise ValueError(f"data_dir is only used with storage={DURABLE_STORAGE!r}, got storage={storage!r}")
 
@@ -431,7 +437,10 @@ class EmbeddedBroker:
             self.s3.start()
         t0 = time.monotonic()
         self._start_tansu()
-        return time.monotonic() - t0
+        seconds = time.monotonic() - t0
+        log.info("embedded Tansu broker restarted on %s (%s) in %.2f s", self.bootstrap_servers,
+                 "kill -9" if hard else "SIGTERM", seconds)
+        return seconds
 
     def freeze(self) -> None:
         """SIGSTOP the broker: it keeps its sockets and data but answers nothing (a stall or partition)."""
