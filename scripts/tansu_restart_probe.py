@@ -408,6 +408,9 @@ def scenario_mid_produce(storage: str, workdir: Path, idempotent: bool = True) -
                         "acked_values_missing": len(missing),
                         "acked_before_kill_missing": sum(1 for t in acked_before if t[2] not in present_values),
                         "acked_at_other_offset": sum(1 for t in all_acked - present if t[2] in present_values),
+                        "acks_with_offset_below_0": sum(1 for t in all_acked if t[1] < 0),
+                        "missing_with_ack_offset_below_0": sum(1 for t in all_acked
+                                                               if t[2] not in present_values and t[1] < 0),
                         "missing_value_ranges": _ranges(missing),
                         "records_in_topic": len(present), "duplicated_values": sum(1 for n in values.values() if n > 1),
                         "offsets_increasing": offsets_ok, "offset_gaps_per_partition": gaps}
