@@ -404,6 +404,11 @@ def scenario_mid_produce(storage: str, workdir: Path, idempotent: bool = True) -
                 for p, recs in records.items()}
         present_values = {v for _p, _o, v in present}
         missing = sorted(int(v[1:]) for _p, _o, v in all_acked if v not in present_values)
+        meta_file = workdir / "s3" / "tansu" / "clusters" / "tansu_cluster" / "meta.json._S3rver_object"
+        if meta_file.exists() and idempotent:  # Tansu's own record of producer 1's sequences vs what it stored
+            seqs = json.loads(meta_file.read_text())["producers"]["1"]["sequences"]["0"][TOPIC]
+            stored = Counter(p for p, _o, v in present if int(v[1:]) < 10_000_000)
+            res["old_producer_sequence_minus_stored"] = {int(p): n - stored[int(p)] for p, n in seqs.items()}
         res["check"] = {"acked_present": f"{len(all_acked & present)}/{len(all_acked)}",
                         "acked_values_missing": len(missing),
                         "acked_before_kill_missing": sum(1 for t in acked_before if t[2] not in present_values),
