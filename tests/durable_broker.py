@@ -144,10 +144,11 @@ def pid_alive(pid: int) -> bool:
 def _starter() -> int:
     broker = EmbeddedBroker().start()
     sleeper = subprocess.Popen(["sleep", "600"])  # same process group as this child: the control
-    print(json.dumps({"broker_pid": broker.pid, "sleeper_pid": sleeper.pid,
-                      "bootstrap_servers": broker.bootstrap_servers}), flush=True)
-    try:
-        signal.pause()
+    try:  # from the line on, so a SIGINT right after the test has read it is caught too
+        print(json.dumps({"broker_pid": broker.pid, "sleeper_pid": sleeper.pid,
+                          "bootstrap_servers": broker.bootstrap_servers}), flush=True)
+        while True:
+            signal.pause()
     except KeyboardInterrupt:
         print("interrupted", flush=True)
     sys.stdin.readline()
