@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: installs everything the tests need, then runs the whole suite.
 #   - Debian's prometheus package (promtool + a real Prometheus server) when promtool is missing and we are root
+#   - Node.js/npm (Debian's nodejs and npm) when missing and we are root, then the npm package s3rver into the
+#     project-local, gitignored .cache/npm (the durable-broker tests run Tansu on it; stream_anon.service.broker
+#     finds it there, or wherever $STREAM_ANON_S3RVER points)
 #   - the package with its test extras
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k engine`).
 set -euo pipefail
@@ -13,6 +16,20 @@ if ! command -v promtool >/dev/null 2>&1; then
   else
     echo "scripts/test.sh: promtool not found; install Debian's 'prometheus' package (the deploy tests need it)" >&2
   fi
+fi
+if ! command -v npm >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -q && apt-get install -y -q nodejs npm; } \
+      || echo "scripts/test.sh: installing nodejs/npm failed; the durable broker tests will fail" >&2
+  else
+    echo "scripts/test.sh: npm not found; install Node.js and npm (the durable broker tests need s3rver)" >&2
+  fi
+fi
+if [ -z "${STREAM_ANON_S3RVER:-}" ] && [ ! -f .cache/npm/node_modules/s3rver/lib/s3rver.js ] \
+    && command -v npm >/dev/null 2>&1; then
+  npm install --prefix .cache/npm --no-audit --no-fund s3rver@3.7.1 \
+    || echo "scripts/test.sh: installing s3rver failed; the durable broker tests will fail" >&2
 fi
 python -m pip install -q -e '.[test]'
 exec python -m pytest "$@"

@@ -1,4 +1,5 @@
-"""Shared fixtures: the ADULT path (required, never skipped) and a real Tansu broker per session."""
+"""Shared fixtures: the ADULT path (required, never skipped), a real Tansu broker per session, and a durable
+Tansu broker (S3 storage on a private s3rver) per test for restart tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.service.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
 
 
 @pytest.fixture(scope="session")
@@ -28,4 +29,18 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
     """A real Tansu broker (memory storage) on a free loopback port, shared by the session's tests."""
     log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
     with EmbeddedBroker(log_path=log_path) as b:
+        yield b
+
+
+@pytest.fixture
+def durable_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A Tansu broker on S3 storage (a private s3rver with its files under ``tmp_path``) whose ``restart()`` (or a
+    stop and a start) keeps topics, records and committed offsets.  No node or s3rver fails the test (never a
+    skip): ``scripts/test.sh`` installs s3rver into ``.cache/npm``."""
+    try:
+        node_binary()
+        find_s3rver()
+    except S3rverNotFoundError as e:
+        pytest.fail(str(e))
+    with EmbeddedBroker(storage="s3", data_dir=tmp_path / "s3", log_path=tmp_path / "tansu.log") as b:
         yield b
