@@ -127,7 +127,11 @@ class _Gen:
 
     def msg(self, kind: str, value: bytes | None, expect: str | None, *, rec: Mapping[str, Any] | None = None,
             headers: Headers | None = None, valid: dict[str, Any] | None = None) -> FuzzMessage:
-        return FuzzMessage(kind, value, headers or [], self.key(rec), expect, valid)
+        key = self.key(rec)
+        if value is None and key is None:
+            key = f"tombstone-{self._i}".encode()  # a tombstone is keyed (a producer refuses no key and no value)
+            self._i += 1
+        return FuzzMessage(kind, value, headers or [], key, expect, valid)
 
     def field_of(self, kinds: Iterable[Kind]) -> Attribute:
         pool = [a for a in self.schema.attributes if a.kind in set(kinds)]

@@ -6,9 +6,12 @@ import dataclasses
 import importlib.metadata
 import logging
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,8 @@ from stream_anon.cli.service import (
     embedded_broker_defaults,
 )
 from stream_anon.core.datasets import DatasetError, read_adult_for_replay
+from stream_anon.core.schema import adult_schema
+from stream_anon.service.audit import collect_outputs
 from stream_anon.service.config import (
     Config,
     ConfigError,
@@ -422,3 +427,51 @@ def test_embedded_broker_idle_flush_default(tmp_path: Path, monkeypatch: pytest.
     cfg, notes = embedded_broker_defaults(config_from_args(parsed), parsed)
     assert cfg.service.idle_flush_seconds == expected
     assert bool(notes) == (expected == EMBEDDED_IDLE_FLUSH_SECONDS and not args)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(adult_path: Path,
+                                                                                tmp_path: Path) -> None:
+    """``run`` + embedded broker + a finite replay with ``--no-flush``: the idle-flush default releases (or
+    suppresses) every record, so a SIGTERM afterwards loses none of them."""
+    log = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_ANON_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "stream_anon", "run", "--metrics-port", "0", "--no-side-paths",
+                                 "--k", "5", "--delta", "400"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env)
+    try:
+        bootstrap = None
+        deadline = time.monotonic() + 90
+        while bootstrap is None and time.monotonic() < deadline:
+            text = log.read_text()
+            m = re.search(r"embedded Tansu broker on (127\.0\.0\.1:\d+)", text)
+            if m and "assigned partitions" in text:
+                bootstrap = m.group(1)
+            assert proc.poll() is None, text
+            time.sleep(0.1)
+        assert bootstrap is not None, log.read_text()
+        assert f"a partition quiet for {EMBEDDED_IDLE_FLUSH_SECONDS:g} s is flushed" in log.read_text()
+        n = 1200
+        replay = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path), "--limit",
+                                 str(n), "--bootstrap-servers", bootstrap, "--no-flush", "--no-progress"],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert replay.returncode == 0, replay.stderr
+        schema = adult_schema()
+        deadline = time.monotonic() + 90
+        while True:
+            snap = collect_outputs(bootstrap, anon="adult.anon", suppressed="adult.suppressed", dlq="adult.dlq",
+                                   qis=[a.name for a in schema.qis], sensitive=["income"], timeout_s=20, idle_s=0.2)
+            accounted = len(snap.records)
+            if accounted >= n or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert accounted == n, f"{accounted} of {n} records released or suppressed; log:\n{log.read_text()[-3000:]}"
+        assert "idle for" in log.read_text()  # released by the idle flush, not by an end-of-stream marker
+        assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0, log.read_text()[-3000:]
