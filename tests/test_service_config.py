@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.metadata
 import logging
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 import stream_anon
-from stream_anon.cli import CLIENT_LOGGERS, build_parser, configure_logging
+from stream_anon.cli import CLIENT_LOGGERS, COMMAND_MODULES, build_parser, configure_logging
 from stream_anon.cli import service as cli_service
 from stream_anon.cli.service import (
     BOOTSTRAP_ENV,
@@ -268,6 +269,11 @@ def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
     (["--set", "kafka.sasl_mechanism=MD5"], "option kafka.sasl_mechanism"),
     (["--set", "kafka.ssl_cafile=/no/such/ca.pem"], "option kafka.ssl_cafile: file '/no/such/ca.pem' does not exist"),
     (["--input-topic", "bad topic!"], "option topics.input: expected a Kafka topic name"),
+    (["--set", "kafka.session_timeout_ms=-1"], "option kafka.session_timeout_ms: expected an integer > 100, got -1"),
+    (["--set", "kafka.request_timeout_ms=0"], "option kafka.fetch_max_wait_ms: expected an integer >= 0 below"),
+    (["--set", "kafka.compression_type=foo"], "option kafka.compression_type: expected gzip, snappy, lz4, zstd"),
+    (["--set", "kafka.linger_ms=-5"], "option kafka.linger_ms: expected an integer in [0, 900000], got -5"),
+    (["--set", "kafka.max_request_size=10"], "option kafka.max_request_size"),
     (["--k", "ten"], "error: argument --k: invalid int value: 'ten'"),
     (["--config", "/no/such/config.yaml"], "config file '/no/such/config.yaml' does not exist"),
 ])
@@ -475,3 +481,15 @@ def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
     assert rc == 0, log.read_text()[-3000:]
+
+
+def test_every_cli_module_with_a_register_function_is_a_command_module() -> None:
+    """The dispatcher imports its sub-command modules statically (``COMMAND_MODULES``): a new module under
+    ``stream_anon/cli`` must be listed there, or its commands would be silently missing."""
+    listed = {m.__name__.rsplit(".", 1)[1] for m in COMMAND_MODULES}
+    defines_register = set()
+    for path in sorted((ROOT / "stream_anon" / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            defines_register.add(path.stem)
+    assert defines_register == listed

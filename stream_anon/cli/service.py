@@ -194,6 +194,42 @@ def preflight(cfg: Config) -> None:
         path = getattr(k, name)
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"option kafka.{name}: file {path!r} does not exist")
+    check_kafka_options(cfg)
+
+
+def check_kafka_options(cfg: Config) -> None:
+    """The numeric and named ``kafka.*`` options the client libraries would refuse (kafka-python raises
+    ``KafkaConfigurationError`` when a consumer is made, librdkafka ``KafkaException`` when the producer is):
+    :class:`ConfigError` naming the option, checked before anything starts."""
+    k = cfg.kafka
+    checks: list[tuple[str, bool, str, Any]] = [
+        ("session_timeout_ms", k.session_timeout_ms > 100, "an integer > 100", k.session_timeout_ms),
+        ("heartbeat_interval_ms", k.heartbeat_interval_ms >= 1, "an integer >= 1", k.heartbeat_interval_ms),
+        ("max_poll_interval_ms", k.max_poll_interval_ms >= 1, "an integer >= 1", k.max_poll_interval_ms),
+        ("fetch_max_wait_ms", 0 <= k.fetch_max_wait_ms < k.request_timeout_ms,
+         f"an integer >= 0 below kafka.request_timeout_ms ({k.request_timeout_ms})", k.fetch_max_wait_ms),
+        ("request_timeout_ms", 1 <= k.request_timeout_ms < 540000, "an integer in [1, 539999] (kafka-python: "
+         "below its connections_max_idle_ms, 540000)", k.request_timeout_ms),
+        ("fetch_max_bytes", k.fetch_max_bytes >= 1, "an integer >= 1", k.fetch_max_bytes),
+        ("max_partition_fetch_bytes", k.max_partition_fetch_bytes >= 1, "an integer >= 1",
+         k.max_partition_fetch_bytes),
+        ("linger_ms", 0 <= k.linger_ms <= 900000, "an integer in [0, 900000]", k.linger_ms),
+        ("batch_size", k.batch_size >= 1, "an integer >= 1", k.batch_size),
+        ("max_request_size", 1000 <= k.max_request_size <= 1000000000, "an integer in [1000, 1000000000]",
+         k.max_request_size),
+        ("compression_type", k.compression_type in (None, "gzip", "snappy", "lz4", "zstd"),
+         "gzip, snappy, lz4, zstd (or unset)", k.compression_type),
+        ("connect_timeout_ms", k.connect_timeout_ms >= 1, "an integer >= 1", k.connect_timeout_ms),
+        ("startup_retry_seconds", k.startup_retry_seconds >= 0, "a number >= 0 (0 = forever)", k.startup_retry_seconds),
+        ("retry_backoff_max_seconds", k.retry_backoff_max_seconds > 0, "a number > 0", k.retry_backoff_max_seconds),
+    ]
+    for name, ok, allowed, value in checks:
+        if not ok:
+            raise ConfigError(f"option kafka.{name}: expected {allowed}, got {value!r}")
+    if k.group_instance_id is not None and (not _TOPIC_NAME.fullmatch(k.group_instance_id)
+                                            or k.group_instance_id in (".", "..")):
+        raise ConfigError(f"option kafka.group_instance_id: expected 1-249 ASCII letters, digits, '.', '_', '-' "
+                          f"(or unset), got {k.group_instance_id!r}")
 
 
 def _at_least(minimum: float, kind: type[int] | type[float], *, above: bool = False) -> Any:
