@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
+from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.core.datasets import ADULT_ENV
 
 
@@ -91,8 +92,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, str, str | None]:
 def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     from replay_tools.kafka_replay import ensure_topic, replay_records
 
+    args.bootstrap_servers = args.bootstrap_servers or bootstrap_servers_from_env("kafka")
     if not args.bootstrap_servers:
-        print("kafka: --bootstrap-servers (or $STREAM_ANON_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
+        print("kafka: --bootstrap-servers (or $STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
         return 2
     records, label, id_field = _load(args)
     if not isinstance(records, list) and (args.loop > 1 or args.shuffle):
@@ -145,8 +147,9 @@ def _cmd_udp(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
 def _cmd_flush(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     from replay_tools.kafka_replay import make_producer, send_end_of_stream, topic_exists
 
+    args.bootstrap_servers = args.bootstrap_servers or bootstrap_servers_from_env("flush")
     if not args.bootstrap_servers:
-        print("flush: --bootstrap-servers (or $STREAM_ANON_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
+        print("flush: --bootstrap-servers (or $STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
         return 2
     if not topic_exists(args.bootstrap_servers, args.topic, connect_timeout_s=args.connect_timeout):
         print(f"flush: topic {args.topic!r} does not exist on {args.bootstrap_servers} (--topic)", file=sys.stderr)
@@ -206,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kafka", help="replay records into a Kafka topic (JSON values, key = record id)")
     _add_source(k)
     k.add_argument("--topic", default="adult.raw")
-    k.add_argument("--bootstrap-servers", default=os.environ.get("STREAM_ANON_BOOTSTRAP_SERVERS"))
+    k.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     k.add_argument("--rate", type=float, default=0.0, help="records/s (0 = as fast as possible)")
     k.add_argument("--loop", type=int, default=1, help="passes over the records; pass i >= 1 suffixes ids with #i")
     k.add_argument("--shuffle", action="store_true", help="shuffle each pass (deterministic with --seed)")
@@ -242,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("flush", help="send the end-of-stream control message to every partition of a topic "
                                      "(e.g. after a UDP stream, once the bridge has exited)")
     f.add_argument("--topic", default="adult.raw")
-    f.add_argument("--bootstrap-servers", default=os.environ.get("STREAM_ANON_BOOTSTRAP_SERVERS"))
+    f.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     f.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="give up (exit 3) when no broker answers within this time (default 30)")
     f.set_defaults(func=_cmd_flush)

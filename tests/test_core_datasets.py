@@ -61,7 +61,7 @@ def test_iter_adult_records_are_json_ready_and_valid(adult_path: Path) -> None:
 def test_path_resolution(adult_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(ADULT_ENV, str(tmp_path / "nowhere.data"))
     assert resolve_adult_path(adult_path) == adult_path  # the flag beats the environment
-    with pytest.raises(DatasetError, match=f"does not exist \\(from {ADULT_ENV}\\)"):
+    with pytest.raises(DatasetError, match=f"does not exist \\(from \\${ADULT_ENV}\\)"):
         resolve_adult_path()
     monkeypatch.delenv(ADULT_ENV)
     with pytest.raises(DatasetError, match=f"no ADULT file given: pass --adult PATH or set {ADULT_ENV}"):

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.metadata
+import logging
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from stream_anon.cli import build_parser
-from stream_anon.cli.service import config_from_args
+import stream_anon
+from stream_anon.cli import CLIENT_LOGGERS, COMMAND_MODULES, build_parser, configure_logging
+from stream_anon.cli import service as cli_service
+from stream_anon.cli.service import (
+    BOOTSTRAP_ENV,
+    DEPRECATED_BOOTSTRAP_ENV,
+    EMBEDDED_IDLE_FLUSH_SECONDS,
+    bootstrap_servers_from_env,
+    config_from_args,
+    embedded_broker_defaults,
+)
+from stream_anon.core.datasets import DatasetError, read_adult_for_replay
+from stream_anon.core.schema import adult_schema
+from stream_anon.service.audit import collect_outputs
 from stream_anon.service.config import (
     Config,
     ConfigError,
@@ -191,3 +213,283 @@ def test_cli_registers_every_command_module(command: str, capsys: pytest.Capture
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args([command, "--help"])
     assert e.value.code == 0 and f"usage: stream-anon {command}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ operator mistakes through the CLI (issue 11)
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_ANON_")}
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "stream_anon", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=full_env)
+
+
+def _one_line_exit_2(out: subprocess.CompletedProcess[str], prefix: str) -> str:
+    """The single stderr line of an operator mistake (exit 2, no traceback, nothing started)."""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(lines) == 1 and lines[0].startswith(prefix), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr and "embedded Tansu" not in out.stdout + out.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket listens on (as a running stream-anon's endpoint would)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(command: str, busy_port: int,
+                                                                           tmp_path: Path) -> None:
+    extra = ["--run-dir", str(tmp_path / "run"), "--synthetic"] if command == "demo" else []
+    line = _one_line_exit_2(_cli(command, "--metrics-port", str(busy_port), *extra), f"stream-anon {command}: ")
+    assert f"option service.metrics_port: port {busy_port} on 127.0.0.1 is already in use" in line
+    assert "0 to turn the metrics endpoint off" in line
+
+
+def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
+    line = _one_line_exit_2(_cli("run", "--metrics-port", "0", "--set", f"service.side_metrics_port={busy_port}"),
+                            "stream-anon run: ")
+    assert "option service.side_metrics_port" in line and "already in use" in line
+    line = _one_line_exit_2(_cli("run", "--metrics-port", "9311", "--set", "service.side_metrics_port=9311"),
+                            "stream-anon run: ")
+    assert "service.metrics_port and service.side_metrics_port: both 9311" in line
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--metrics-addr", "no-such-host.invalid"], "option service.metrics_addr: cannot resolve 'no-such-host.invalid'"),
+    (["--metrics-addr", "192.0.2.1"], "option service.metrics_addr: '192.0.2.1' is not an address of this machine"),
+    (["--security-protocol", "TLS"], "option kafka.security_protocol: expected PLAINTEXT, SSL, SASL_PLAINTEXT, "
+                                     "SASL_SSL, got 'TLS'"),
+    (["--set", "kafka.sasl_mechanism=MD5"], "option kafka.sasl_mechanism"),
+    (["--set", "kafka.ssl_cafile=/no/such/ca.pem"], "option kafka.ssl_cafile: file '/no/such/ca.pem' does not exist"),
+    (["--input-topic", "bad topic!"], "option topics.input: expected a Kafka topic name"),
+    (["--set", "kafka.session_timeout_ms=-1"], "option kafka.session_timeout_ms: expected an integer > 100, got -1"),
+    (["--set", "kafka.request_timeout_ms=0"], "option kafka.fetch_max_wait_ms: expected an integer >= 0 below"),
+    (["--set", "kafka.compression_type=foo"], "option kafka.compression_type: expected gzip, snappy, lz4, zstd"),
+    (["--set", "kafka.linger_ms=-5"], "option kafka.linger_ms: expected an integer in [0, 900000], got -5"),
+    (["--set", "kafka.max_request_size=10"], "option kafka.max_request_size"),
+    (["--k", "ten"], "error: argument --k: invalid int value: 'ten'"),
+    (["--config", "/no/such/config.yaml"], "config file '/no/such/config.yaml' does not exist"),
+])
+def test_bad_run_flags_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    line = _one_line_exit_2(_cli("run", "--metrics-port", "0", *args), "stream-anon run")
+    assert needle in line, line
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--records", "0"], "argument --records: expected an integer >= 1, got '0'"),
+    (["--records", "-5"], "argument --records: expected an integer >= 1, got '-5'"),
+    (["--rate", "-1"], "argument --rate: expected a number >= 0, got '-1'"),
+    (["--timeout", "0"], "argument --timeout: expected a number > 0, got '0'"),
+    (["--timeout", "nan"], "argument --timeout: expected a number > 0, got 'nan'"),
+])
+def test_bad_demo_flags_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    line = _one_line_exit_2(_cli("demo", "--metrics-port", "0", *args), "stream-anon demo")
+    assert needle in line, line
+
+
+def test_demo_run_dir_that_is_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    line = _one_line_exit_2(_cli("demo", "--metrics-port", "0", "--run-dir", str(f)), "stream-anon demo: ")
+    assert f"--run-dir: cannot create directory {str(f)!r}" in line
+
+
+def _adult_variants(adult_path: Path, tmp_path: Path) -> dict[str, Path]:
+    lines = adult_path.read_text(encoding="utf-8").splitlines(keepends=True)
+    head = tmp_path / "head.data"
+    head.write_text("".join(lines[:1000]), encoding="utf-8")
+    cut = tmp_path / "cut.data"
+    cut.write_bytes(adult_path.read_bytes()[:100_000])  # ends in the middle of line 821
+    wrong = tmp_path / "adult.test"
+    wrong.write_text("|1x3 Cross validator\n" + "".join(lines[:50]), encoding="utf-8")
+    return {"head": head, "cut": cut, "wrong": wrong, "missing": tmp_path / "nowhere.data", "dir": tmp_path}
+
+
+@pytest.mark.parametrize("via", ["--adult", "$STREAM_ANON_ADULT"])
+@pytest.mark.parametrize(("variant", "needle"), [
+    ("missing", "does not exist (from {via})"),
+    ("dir", "(from {via}) is a directory"),
+    ("head", "(from {via}) holds 1,000 records, fewer than the 32,561 of the UCI adult.data"),
+    ("cut", "(from {via}): line 821 has fewer than 15 fields (sha256 "),
+    ("wrong", "(from {via}): line 1 has fewer than 15 fields"),
+])
+def test_demo_names_the_adult_file_its_origin_and_what_is_wrong(adult_path: Path, tmp_path: Path, via: str,
+                                                                variant: str, needle: str) -> None:
+    path = _adult_variants(adult_path, tmp_path)[variant]
+    args = ["demo", "--metrics-port", "0", "--no-side-paths", "--run-dir", str(tmp_path / "run")]
+    if via == "--adult":
+        out = _cli(*args, "--adult", str(path))
+    else:
+        out = _cli(*args, env={"STREAM_ANON_ADULT": str(path)})
+    line = _one_line_exit_2(out, "stream-anon demo: ")
+    assert needle.format(via=via) in line, line
+    assert str(path) in line
+
+
+def test_demo_short_file_with_records_it_holds_is_accepted(adult_path: Path, tmp_path: Path) -> None:
+    """A short file is refused only when more records are asked of it than it holds (here: in-process)."""
+    head = _adult_variants(adult_path, tmp_path)["head"]
+    df, warning = read_adult_for_replay(head, origin="--adult", records=600)
+    assert len(df) == 600 and warning is not None and "not the UCI adult.data" in warning
+    with pytest.raises(DatasetError, match=r"holds 1,000 records, fewer than the 2,000 asked for with --records"):
+        read_adult_for_replay(head, origin="--adult", records=2000)
+    full, warning = read_adult_for_replay(adult_path, origin="$STREAM_ANON_ADULT")
+    assert len(full) == 32561 and warning is None
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    out = _cli("--version")
+    assert out.returncode == 0, out.stderr
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert out.stdout.startswith(f"stream-anon {version} (Python "), out.stdout
+    assert importlib.metadata.version("stream-anon") == version == stream_anon.__version__
+
+
+def test_bad_log_level_and_unknown_command_are_one_line() -> None:
+    line = _one_line_exit_2(_cli("--log-level", "LOUD", "run"), "stream-anon: error: argument --log-level")
+    assert "'LOUD'" in line
+    _one_line_exit_2(_cli("nonsense"), "stream-anon: error: argument COMMAND: invalid choice: 'nonsense'")
+
+
+def test_client_library_loggers_are_quiet_unless_debug() -> None:
+    saved = {n: logging.getLogger(n).level for n in ("", *CLIENT_LOGGERS)}
+    try:
+        configure_logging("INFO")
+        assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in CLIENT_LOGGERS)
+        assert not logging.getLogger("kafka.conn").isEnabledFor(logging.INFO)
+        assert logging.getLogger("stream_anon.service.app").isEnabledFor(logging.INFO)
+        configure_logging("ERROR")
+        assert logging.getLogger("kafka").getEffectiveLevel() == logging.ERROR
+        logging.getLogger().setLevel(logging.DEBUG)
+        configure_logging("DEBUG")
+        assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("librdkafka").isEnabledFor(logging.DEBUG)
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
+
+
+# ------------------------------------------------------------------ one name for the bootstrap servers variable
+def test_deprecated_bootstrap_variable_is_used_with_a_warning(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli_service, "_warned", set())
+    monkeypatch.delenv(BOOTSTRAP_ENV, raising=False)
+    monkeypatch.setenv(DEPRECATED_BOOTSTRAP_ENV, "old:9092")
+    cfg = config_from_args(build_parser().parse_args(["run"]), prog="stream-anon run")
+    assert cfg.kafka.bootstrap_servers == "old:9092"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "$STREAM_ANON_BOOTSTRAP_SERVERS is deprecated (used)" in err
+    assert f"set ${BOOTSTRAP_ENV} instead" in err
+    monkeypatch.setattr(cli_service, "_warned", set())
+    monkeypatch.setenv(BOOTSTRAP_ENV, "new:9092")  # the config's own name wins
+    assert config_from_args(build_parser().parse_args(["run"])).kafka.bootstrap_servers == "new:9092"
+    assert "deprecated (ignored" in capsys.readouterr().err
+    monkeypatch.setattr(cli_service, "_warned", set())
+    cfg = config_from_args(build_parser().parse_args(["run", "--bootstrap-servers", "flag:9092"]))
+    assert cfg.kafka.bootstrap_servers == "flag:9092"
+    assert bootstrap_servers_from_env("tool", {DEPRECATED_BOOTSTRAP_ENV: "old:1"}) == "old:1"
+    assert bootstrap_servers_from_env("tool", {BOOTSTRAP_ENV: "new:1", DEPRECATED_BOOTSTRAP_ENV: "old:1"}) == "new:1"
+    assert bootstrap_servers_from_env("tool", {}) is None
+
+
+def test_only_the_alias_helper_reads_the_deprecated_variable() -> None:
+    users = []
+    for path in [*ROOT.glob("stream_anon/**/*.py"), *ROOT.glob("replay_tools/**/*.py"), *ROOT.glob("deploy/**/*"),
+                 *ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "config.example.yaml"]:
+        if path.is_file() and DEPRECATED_BOOTSTRAP_ENV in path.read_text(encoding="utf-8", errors="replace"):
+            users.append(str(path.relative_to(ROOT)))
+    assert users == ["stream_anon/cli/service.py"], users
+
+
+# ------------------------------------------------------------------ idle flush with the embedded broker
+@pytest.mark.parametrize(("args", "env", "file_text", "expected"), [
+    ([], {}, None, EMBEDDED_IDLE_FLUSH_SECONDS),
+    (["--idle-flush-seconds", "0"], {}, None, 0.0),
+    (["--set", "service.idle_flush_seconds=2"], {}, None, 2.0),
+    ([], {"STREAM_ANON_SERVICE_IDLE_FLUSH_SECONDS": "0"}, None, 0.0),
+    ([], {}, "service: {idle_flush_seconds: 0}\n", 0.0),
+    ([], {}, "service: {idle-flush-seconds: 1.5}\n", 1.5),
+    (["--bootstrap-servers", "h:9092"], {}, None, 0.0),  # an external broker keeps its records: no default
+])
+def test_embedded_broker_idle_flush_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                            env: dict[str, str], file_text: str | None, expected: float) -> None:
+    for name in list(os.environ):
+        if name.startswith("STREAM_ANON_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if file_text is not None:
+        f = tmp_path / "c.yaml"
+        f.write_text(file_text)
+        args = [*args, "--config", str(f)]
+    parsed = build_parser().parse_args(["run", *args])
+    cfg, notes = embedded_broker_defaults(config_from_args(parsed), parsed)
+    assert cfg.service.idle_flush_seconds == expected
+    assert bool(notes) == (expected == EMBEDDED_IDLE_FLUSH_SECONDS and not args)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(adult_path: Path,
+                                                                                tmp_path: Path) -> None:
+    """``run`` + embedded broker + a finite replay with ``--no-flush``: the idle-flush default releases (or
+    suppresses) every record, so a SIGTERM afterwards loses none of them."""
+    log = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_ANON_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "stream_anon", "run", "--metrics-port", "0", "--no-side-paths",
+                                 "--k", "5", "--delta", "400"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=env)
+    try:
+        bootstrap = None
+        deadline = time.monotonic() + 90
+        while bootstrap is None and time.monotonic() < deadline:
+            text = log.read_text()
+            m = re.search(r"embedded Tansu broker on (127\.0\.0\.1:\d+)", text)
+            if m and "assigned partitions" in text:
+                bootstrap = m.group(1)
+            assert proc.poll() is None, text
+            time.sleep(0.1)
+        assert bootstrap is not None, log.read_text()
+        assert f"a partition quiet for {EMBEDDED_IDLE_FLUSH_SECONDS:g} s is flushed" in log.read_text()
+        n = 1200
+        replay = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path), "--limit",
+                                 str(n), "--bootstrap-servers", bootstrap, "--no-flush", "--no-progress"],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        assert replay.returncode == 0, replay.stderr
+        schema = adult_schema()
+        deadline = time.monotonic() + 90
+        while True:
+            snap = collect_outputs(bootstrap, anon="adult.anon", suppressed="adult.suppressed", dlq="adult.dlq",
+                                   qis=[a.name for a in schema.qis], sensitive=["income"], timeout_s=20, idle_s=0.2)
+            accounted = len(snap.records)
+            if accounted >= n or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert accounted == n, f"{accounted} of {n} records released or suppressed; log:\n{log.read_text()[-3000:]}"
+        assert "idle for" in log.read_text()  # released by the idle flush, not by an end-of-stream marker
+        assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0, log.read_text()[-3000:]
+
+
+def test_every_cli_module_with_a_register_function_is_a_command_module() -> None:
+    """The dispatcher imports its sub-command modules statically (``COMMAND_MODULES``): a new module under
+    ``stream_anon/cli`` must be listed there, or its commands would be silently missing."""
+    listed = {m.__name__.rsplit(".", 1)[1] for m in COMMAND_MODULES}
+    defines_register = set()
+    for path in sorted((ROOT / "stream_anon" / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            defines_register.add(path.stem)
+    assert defines_register == listed

@@ -2,19 +2,27 @@
 
 Each module ``stream_anon/cli/<name>.py`` exposes ``register(subparsers) -> None``, which adds its
 sub-command(s) and sets ``func`` (a callable taking the parsed namespace, returning an exit code).  The modules
-import only what their parsers need at module level; a command's work imports the rest when it runs (the
-benchmarks, the service, matplotlib for the report), so ``stream-anon --help`` stays quick.
+are imported statically (:data:`COMMAND_MODULES`): one that cannot be imported is an error of every command,
+never a sub-command silently missing.  A command's heavy work (the service's clients, the benchmarks,
+matplotlib for the report) is imported when the command runs.
+
+Logging: ``--log-level`` (default INFO) for stream-anon's own loggers; the Kafka client libraries' loggers
+(:data:`CLIENT_LOGGERS`: kafka-python logs every connection at INFO) stay at WARNING unless the level is DEBUG.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
+import platform
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+import stream_anon
 from stream_anon.cli import anonymize, bench, privacy, report, service, udp
+from stream_anon.cli.arguments import one_line_errors
 
 # Sub-command modules, in the order they appear in --help (a module that cannot be imported is an error, never
 # skipped: the import above fails).
@@ -28,23 +36,55 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
 )
 
 
+CLIENT_LOGGERS = ("kafka", "librdkafka")
+"""kafka-python's loggers, and the one the confluent-kafka producer is given (``service/producer.py``)."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def version_text() -> str:
+    """``stream-anon X.Y.Z`` from the installed package's metadata (the source tree's ``__version__`` when it
+    is not installed), with the Python and Kafka client versions (what a bug report needs)."""
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    own = version("stream-anon")
+    if own == "not installed":
+        own = stream_anon.__version__
+    return (f"stream-anon {own} (Python {platform.python_version()}, kafka-python {version('kafka-python')}, "
+            f"confluent-kafka {version('confluent-kafka')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-anon",
         description="Real-time anonymization of record streams: delay-bounded k-anonymity and local differential privacy.",
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="logging level of stream-anon (default INFO); DEBUG also shows the Kafka clients' "
+                             "INFO and DEBUG logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
-    return parser
+    return one_line_errors(parser)
+
+
+def configure_logging(level_name: str) -> None:
+    """The root logger at ``level_name``; the Kafka client libraries at WARNING (or higher) unless DEBUG."""
+    level = getattr(logging, level_name.upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)  # also when a handler exists already (basicConfig then does nothing)
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

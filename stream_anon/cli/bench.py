@@ -9,6 +9,7 @@ from typing import Any
 # bench name -> module with ``main(argv: list[str]) -> int``
 BENCHES: dict[str, str] = {
     "engine": "stream_anon.bench.engine",               # CASTLE/UBDSA engine on ADULT, peer config, grid
+    "decoder": "stream_anon.bench.decoder",             # input decoding + validation (RecordDecoder) on ADULT
     "ldp-categorical": "stream_anon.bench.ldp_categorical",  # k-RR, random substitution, l-extended tables
     "ldp-numeric": "stream_anon.bench.ldp_numeric",      # bounded Laplace speed, eps selection, DP k-means
     "service": "stream_anon.bench.service",             # end-to-end throughput through the real broker

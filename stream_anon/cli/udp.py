@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from replay_tools.kafka_replay import ensure_topic
+from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.udp_bridge import (
@@ -37,9 +37,9 @@ def register(sub: Any) -> None:
                     "duplicates and malformed datagrams (Prometheus stream_anon_udp_* metrics).")
     p.add_argument("--listen", default="127.0.0.1:9999", help="UDP HOST:PORT to receive on (default 127.0.0.1:9999)")
     p.add_argument("--topic", default="adult.raw", help="Kafka topic to forward to (default adult.raw)")
-    p.add_argument("--bootstrap-servers", default=os.environ.get("STREAM_ANON_BOOTSTRAP_SERVERS"),
+    p.add_argument("--bootstrap-servers", default=None,
                    help="Kafka bootstrap servers; without it an embedded Tansu broker is started "
-                        "(env STREAM_ANON_BOOTSTRAP_SERVERS)")
+                        "(env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--partitions", type=int, default=1, help="partitions when the topic must be created (default 1)")
     p.add_argument("--sink", choices=["kafka", "null"], default="kafka",
                    help="'null' counts and discards (measures UDP reception alone)")
@@ -74,7 +74,7 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
         if args.sink == "null":
             sink = NullSink()
         else:
-            bootstrap = args.bootstrap_servers
+            bootstrap = args.bootstrap_servers or bootstrap_servers_from_env("udp-bridge")
             if not bootstrap:
                 broker = stack.enter_context(EmbeddedBroker())
                 bootstrap = broker.bootstrap_servers

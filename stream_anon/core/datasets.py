@@ -73,16 +73,28 @@ def adult_record_id(index: int) -> str:
     return f"adult-{index:05d}"
 
 
-def resolve_adult_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The ADULT file: the given path (a flag) beats ``$STREAM_ANON_ADULT``; error if neither exists."""
-    chosen = path if path is not None else os.environ.get(ADULT_ENV)
+def resolve_adult_path(path: str | os.PathLike[str] | None = None, *, origin: str | None = None) -> Path:
+    """The ADULT file: the given path (a flag) beats ``$STREAM_ANON_ADULT``; error if neither names a file.
+
+    ``origin`` says where a given path came from, for the messages (default ``--adult``, the flag of every
+    command that takes one); a path from the environment is always ``$STREAM_ANON_ADULT``.
+    """
+    if path is not None:
+        chosen: str | os.PathLike[str] | None = path
+        origin = origin or "--adult"
+    else:
+        chosen, origin = os.environ.get(ADULT_ENV), f"${ADULT_ENV}"
     if not chosen:
         raise DatasetError(
             f"no ADULT file given: pass --adult PATH or set {ADULT_ENV} (the UCI file adult.data, sha256 {ADULT_SHA256})"
         )
     p = Path(chosen)
+    if p.is_dir():
+        raise DatasetError(f"ADULT file {str(p)!r} (from {origin}) is a directory, not the adult.data file")
     if not p.is_file():
-        raise DatasetError(f"ADULT file {str(p)!r} does not exist (from {'flag' if path is not None else ADULT_ENV})")
+        raise DatasetError(f"ADULT file {str(p)!r} does not exist (from {origin})")
+    if not os.access(p, os.R_OK):
+        raise DatasetError(f"ADULT file {str(p)!r} (from {origin}) cannot be read (permission denied)")
     return p
 
 
@@ -94,30 +106,68 @@ def sha256_of(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def read_adult(path: str | os.PathLike[str] | None = None, *, check_count: bool = True) -> pd.DataFrame:
+def read_adult(path: str | os.PathLike[str] | None = None, *, check_count: bool = True,
+               origin: str | None = None) -> pd.DataFrame:
     """Read the original ``adult.data`` (``", "``-separated, no header) into a DataFrame with an ``id`` column.
 
     Integers stay integers, categories strings; ``?`` stays the category ``"?"``.  With ``check_count``
-    the file must hold exactly 32,561 records (the UCI training file).
+    the file must hold exactly 32,561 records (the UCI training file).  Errors (:class:`DatasetError`) name the
+    file, where its path came from (``origin``, see :func:`resolve_adult_path`), the line and the field.
     """
-    p = resolve_adult_path(path)
+    p = resolve_adult_path(path, origin=origin)
+    where = f"ADULT file {p} (from {origin or ('--adult' if path is not None else '$' + ADULT_ENV)})"
     try:
         df = pd.read_csv(p, header=None, names=list(ADULT_COLUMNS), sep=",", skipinitialspace=True,
                          dtype=str, keep_default_na=False, engine="c")
-    except (pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{p}: not in the UCI adult.data format ({len(ADULT_COLUMNS)} comma-separated fields "
-                           f"per line): {str(e).strip()}") from None
+    except pd.errors.EmptyDataError:
+        raise DatasetError(f"{where}: empty file (no records); expected the UCI adult.data") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise DatasetError(f"{where}: not in the UCI adult.data format ({len(ADULT_COLUMNS)} comma-separated fields "
+                           f"per line): {' '.join(str(e).split())}") from None
     df = df[df["age"].str.len() > 0].reset_index(drop=True)  # trailing blank line in the UCI file
     if df["income"].eq("").any():
         bad = int(df.index[df["income"].eq("")][0])
-        raise DatasetError(f"{p}: line {bad + 1} has fewer than {len(ADULT_COLUMNS)} fields")
+        raise DatasetError(f"{where}: line {bad + 1} has fewer than {len(ADULT_COLUMNS)} fields")
     schema = adult_schema()
     for a in schema.attributes:
-        _check_column(df, a, where=str(p), unit="line")
+        _check_column(df, a, where=where, unit="line")
     df.insert(0, "id", [adult_record_id(i) for i in range(len(df))])
     if check_count and len(df) != ADULT_RECORD_COUNT:
-        raise DatasetError(f"{p}: {len(df)} records, expected {ADULT_RECORD_COUNT} (the UCI ADULT training file)")
+        raise DatasetError(f"{where}: {len(df)} records, expected {ADULT_RECORD_COUNT} (the UCI ADULT training file)")
     return df
+
+
+def read_adult_for_replay(path: str | os.PathLike[str], *, origin: str,
+                          records: int | None = None) -> tuple[pd.DataFrame, str | None]:
+    """The ADULT file a demo/replay of its first ``records`` records (None: all) reads: the frame, cut to
+    ``records``, and a warning when the file is valid but not the UCI file itself (its sha256 differs).
+
+    :class:`DatasetError` (one line naming the file and ``origin``, where its path came from) when it is not a
+    readable file, not in the UCI format (the line and field), or holds fewer records than the UCI file (or
+    than ``records``): a truncated or wrong file is refused, never replayed as if it were ADULT.
+    """
+    p = resolve_adult_path(path, origin=origin)
+    where = f"ADULT file {p} (from {origin})"
+    digest = sha256_of(p)
+    try:
+        df = read_adult(p, check_count=False, origin=origin)
+    except DatasetError as e:
+        raise DatasetError(f"{e} (sha256 {digest[:16]}..., not the UCI adult.data's {ADULT_SHA256[:16]}...)") from None
+    n = len(df)
+    wanted = ADULT_RECORD_COUNT if records is None else records
+    if n == 0:
+        raise DatasetError(f"{where} holds no record (blank lines only); expected the UCI adult.data "
+                           f"({ADULT_RECORD_COUNT:,} records, sha256 {ADULT_SHA256[:16]}...)")
+    if n < wanted:
+        asked = (f"the {ADULT_RECORD_COUNT:,} of the UCI adult.data (sha256 {ADULT_SHA256[:16]}...)"
+                 if records is None else f"the {records:,} asked for with --records")
+        raise DatasetError(f"{where} holds {n:,} records, fewer than {asked}: pass the complete file, or "
+                           f"--records {n} (or fewer) to replay the records it holds")
+    warning = None
+    if digest != ADULT_SHA256:
+        warning = (f"{where} is not the UCI adult.data (sha256 {digest[:16]}..., expected {ADULT_SHA256[:16]}...); "
+                   f"its {n:,} records are valid ADULT records: using them")
+    return (df if records is None else df.iloc[:records]), warning
 
 
 def iter_records(df: pd.DataFrame) -> Iterator[dict[str, Any]]:

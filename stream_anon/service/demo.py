@@ -30,7 +30,14 @@ from prometheus_client import CollectorRegistry
 
 from replay_tools.kafka_replay import ReplayStats, replay_records
 from replay_tools.synthetic import synthetic_adult_records
-from stream_anon.core.datasets import ADULT_ENV, ADULT_SHA256, ADULT_URL, iter_records, read_adult, sha256_of
+from stream_anon.core.datasets import (
+    ADULT_ENV,
+    ADULT_SHA256,
+    ADULT_URL,
+    iter_records,
+    read_adult_for_replay,
+    sha256_of,
+)
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
 from stream_anon.core.verify import verify_release_frame
@@ -49,15 +56,20 @@ CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "st
 
 def obtain_records(adult: str | None, *, records: int | None, synthetic: bool, download: bool,
                    seed: int | None) -> tuple[list[dict[str, Any]], str, pd.DataFrame | None]:
-    """(records, description of the source, original frame for the coverage check or None)."""
-    path = adult or os.environ.get(ADULT_ENV)
+    """(records, description of the source, original frame for the coverage check or None).
+
+    Raises :class:`~stream_anon.core.datasets.DatasetError` (one line naming the file, where its path came from:
+    ``--adult`` or ``$STREAM_ANON_ADULT``, and what is wrong) for a missing, malformed or short ADULT file.
+    """
+    origin = "--adult" if adult else f"${ADULT_ENV}"
+    path = adult or os.environ.get(ADULT_ENV) or None
     if not synthetic and not path:
         cached = CACHE_DIR / "adult.data"
         if cached.is_file() and sha256_of(cached) == ADULT_SHA256:
-            path = str(cached)
+            path, origin = str(cached), "the download cache"
         elif download:
             try:
-                path = str(download_adult(cached))
+                path, origin = str(download_adult(cached)), f"the download from {ADULT_URL}"
             except OSError as e:
                 print(f"demo: no ADULT file (--adult / ${ADULT_ENV}) and the download from {ADULT_URL} failed "
                       f"({e}); falling back to SYNTHETIC ADULT-shaped records", file=sys.stderr)
@@ -70,10 +82,12 @@ def obtain_records(adult: str | None, *, records: int | None, synthetic: bool, d
         n = records or 32561
         recs = list(synthetic_adult_records(n, rng=seed if seed is not None else 0))
         return recs, f"SYNTHETIC ADULT-shaped records ({n:,}, independent marginals of ADULT; not real data)", None
-    df = read_adult(path)
-    if records is not None:
-        df = df.iloc[:records]
-    return list(iter_records(df)), f"UCI ADULT {path} ({len(df):,} records)", df
+    df, warning = read_adult_for_replay(path, origin=origin, records=records)
+    if warning:
+        print(f"demo: {warning}", file=sys.stderr)
+    source = (f"UCI ADULT {path} ({len(df):,} records)" if warning is None else
+              f"ADULT-format file {path} ({len(df):,} records; not the UCI file, its sha256 differs)")
+    return list(iter_records(df)), source, df
 
 
 def download_adult(target: Path, timeout_s: float = 20.0) -> Path:

@@ -9,6 +9,8 @@ observes a whole batch of values at once (one ``numpy`` pass, not one call per v
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -171,6 +173,54 @@ METRIC_NAMES: frozenset[str] = frozenset(
 )
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
-    """Expose ``registry`` on ``http://addr:port/metrics`` (loopback by default)."""
-    start_http_server(port, addr=addr, registry=registry)
+class MetricsEndpointError(OSError):
+    """The metrics endpoint cannot listen where it is configured (port in use, address not of this machine, no
+    permission): a one-line message naming the option."""
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1", *,
+                  port_option: str = "service.metrics_port", addr_option: str = "service.metrics_addr") -> None:
+    """Expose ``registry`` on ``http://addr:port/metrics`` (loopback by default).
+
+    Raises :class:`MetricsEndpointError` (an ``OSError``) naming ``port_option``/``addr_option`` when it cannot
+    listen there.
+    """
+    try:
+        start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        raise _endpoint_error(e, port, addr, port_option, addr_option) from None
+
+
+def check_metrics_endpoint(port: int, addr: str = "127.0.0.1", *, port_option: str = "service.metrics_port",
+                           addr_option: str = "service.metrics_addr") -> None:
+    """Raise :class:`MetricsEndpointError` if :func:`serve_metrics` could not listen on ``addr:port`` now.
+
+    Binds (without listening) a socket the way the endpoint's HTTP server does (the address family
+    ``getaddrinfo`` gives first, ``SO_REUSEADDR``) and closes it: a port another process listens on, an address
+    that is not this machine's, or a privileged port are found before anything else starts.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((sockaddr[0], port))
+    except OSError as e:
+        raise _endpoint_error(e, port, addr, port_option, addr_option) from None
+
+
+def _endpoint_error(e: OSError, port: int, addr: str, port_option: str, addr_option: str) -> MetricsEndpointError:
+    """Why the metrics endpoint cannot listen on ``addr:port``, in one line naming the option to change."""
+    if isinstance(e, socket.gaierror):
+        text = f"option {addr_option}: cannot resolve {addr!r} ({e.strerror or e})"
+    elif e.errno == errno.EADDRINUSE:
+        text = (f"option {port_option}: port {port} on {addr} is already in use (another stream-anon, or another "
+                f"program, listens there); choose a free port, or 0 to turn the metrics endpoint off")
+    elif e.errno == errno.EADDRNOTAVAIL:
+        text = f"option {addr_option}: {addr!r} is not an address of this machine (cannot listen on it)"
+    elif e.errno == errno.EACCES:
+        text = f"option {port_option}: no permission to listen on port {port} (ports below 1024 need privileges)"
+    else:
+        text = f"option {port_option}: cannot listen on {addr}:{port}: {e.strerror or e}"
+    err = MetricsEndpointError(text)
+    err.errno = e.errno
+    return err
