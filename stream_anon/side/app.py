@@ -67,7 +67,7 @@ from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import H_KIND, OutputMessage
 from stream_anon.service.producer import OutputProducer, open_producer
 from stream_anon.service.release import ReleaseOptions, ReleaseSecret, dead_letter_message, resolve_secret
-from stream_anon.side.budget_store import BudgetStore, BudgetTopic
+from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
 from stream_anon.side.budgets import SideStateError
 from stream_anon.side.config import SidePathConfigError, budget_topic
 from stream_anon.side.decoding import SideDecoder
@@ -208,7 +208,11 @@ class SidePathApp:
             counts = retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
             topic = self.budget_topic
             if topic is not None:
-                retry("create the budget topic", lambda: topic.ensure(admin), cfg, stop=stop)
+                try:
+                    retry("create the budget topic", lambda: topic.ensure(admin), cfg, stop=stop)
+                except BudgetTopicError as e:
+                    admin.close()
+                    return self._failed_start(f"not started: {e}", 2)
             admin.close()
             self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
                                            stop=stop, label="side")

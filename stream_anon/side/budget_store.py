@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 KIND = "side-budget"
 
 
+class BudgetTopicError(RuntimeError):
+    """The budget topic exists in a shape the side paths cannot use (the message names the topic; not a
+    ``ValueError``: retrying cannot help)."""
+
+
 class BudgetStore(Protocol):
     """Where the budget state records go: the latest value per key survives."""
 
@@ -53,8 +58,15 @@ class BudgetTopic:
         return f"topic {self.topic!r}"
 
     def ensure(self, admin: KafkaAdminClient) -> None:
-        """Create the topic (1 partition, compacted) when it is missing and ``topics.create`` is on."""
+        """Create the topic (1 partition, compacted) when it is missing and ``topics.create`` is on; an existing
+        topic must have exactly one partition (:class:`BudgetTopicError` otherwise: the state is read from and
+        written to partition 0 only)."""
         if self.topic in set(admin.list_topics()):
+            for desc in admin.describe_topics([self.topic]):
+                n = len(desc.get("partitions") or ())
+                if n != 1:
+                    raise BudgetTopicError(f"budget topic {self.topic!r} has {n} partitions; the side paths' budget "
+                                           f"state needs a topic of exactly 1 (side_paths.budget_topic)")
             return
         if not self.cfg.topics.create:
             log.warning("side paths: budget topic %s does not exist and topics.create is false", self.topic)
