@@ -16,6 +16,7 @@ from test_side_app import Consumer, MemoryStore, Producer, SidePathApp, make_app
 
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.budgets import DELTA_SLOTS, SideBudgets, SideStateError
 from stream_anon.side.config import KMeansConfig, PersonBudgetConfig, SidePathConfig, SideTopics
 from stream_anon.side.processor import SKIP_BAD_PERSON_ID, SKIP_PERSON_BUDGET, SidePathProcessor
@@ -48,7 +49,7 @@ def test_person_cap_refuses_every_side_output_of_a_person_over_the_cap(adult: li
     base = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(window=250))
     eps_all = base.check().epsilon_all
     cfg = dataclasses.replace(base, person_budget=PersonBudgetConfig(cap_epsilon=2.5 * eps_all, width=1 << 12))
-    proc = SidePathProcessor(cfg, person_schema(), rng=1, secret=SECRET)
+    proc = SidePathProcessor(cfg, person_schema(), rng=1, pseudonymize=Pseudonymizer(SECRET))
     recs = with_persons(adult[:300], 100)  # 3 records per person: the third does not fit 2.5 records' eps
     batch = proc.process_batch_encoded(recs)
     assert batch.skipped == {SKIP_PERSON_BUDGET: 100}
@@ -59,7 +60,7 @@ def test_person_cap_refuses_every_side_output_of_a_person_over_the_cap(adult: li
     assert any(k.startswith("side/person/delta/") for k in state) and "side/person/meta" in state
 
     # a restart restores the sketch: those persons stay capped; a new person is not
-    again = SidePathProcessor(cfg, person_schema(), rng=2, secret=SECRET)
+    again = SidePathProcessor(cfg, person_schema(), rng=2, pseudonymize=Pseudonymizer(SECRET))
     again.restore_budgets(state)
     assert again.budgets.person is not None and proc.budgets.person is not None
     assert np.array_equal(again.budgets.person.counters, proc.budgets.person.counters)
@@ -68,7 +69,7 @@ def test_person_cap_refuses_every_side_output_of_a_person_over_the_cap(adult: li
     assert b2.skipped == {SKIP_PERSON_BUDGET: 100, SKIP_BAD_PERSON_ID: 1}
     assert [len(c) for c in b2.copies] == [1, 1, 1]
     # without the restored state the same records would have gone through: the restart did not reset the budget
-    fresh = SidePathProcessor(cfg, person_schema(), rng=2, secret=SECRET)
+    fresh = SidePathProcessor(cfg, person_schema(), rng=2, pseudonymize=Pseudonymizer(SECRET))
     assert fresh.process_batch_encoded(more).skipped == {SKIP_BAD_PERSON_ID: 1}
 
 

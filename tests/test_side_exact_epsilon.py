@@ -41,6 +41,7 @@ from stream_anon.core.schema import adult_schema
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution
+from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.channels import CategoricalChannel, NumericChannel
 from stream_anon.side.config import BLapConfig, KMeansConfig, KRRConfig, RSConfig, SidePathConfig, SideTopics
 from stream_anon.side.processor import SidePathProcessor
@@ -167,7 +168,7 @@ def assert_upper(stated: float, exact: Decimal, margin: Decimal, what: str) -> N
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_stated_epsilon_is_the_exact_one(name: str, adult: list[dict[str, Any]]) -> None:
     cfg = CONFIGS[name]
-    proc = SidePathProcessor(cfg, adult_schema(), rng=7, secret=b"exact-epsilon-test-secret")
+    proc = SidePathProcessor(cfg, adult_schema(), rng=7, pseudonymize=Pseudonymizer(b"exact-epsilon-test-secret"))
     copies, outputs = [], []
     for i in range(0, len(adult), 1000):
         b = proc.process_batch_encoded(adult[i:i + 1000])

@@ -20,7 +20,7 @@ from stream_anon.privacy.dp_kmeans import nicv
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, no_repeat_epsilon
 from stream_anon.service.config import Config
-from stream_anon.service.release import record_pseudonym
+from stream_anon.service.release import Pseudonymizer, record_pseudonym
 from stream_anon.side.config import (
     BLapConfig,
     KMeansConfig,
@@ -37,11 +37,12 @@ from stream_anon.side.processor import SidePathProcessor
 TOPICS = SideTopics()
 PER_RECORD = (TOPICS.krr, TOPICS.rs, TOPICS.blap)
 SECRET = b"side-path-test-secret-0123456789"
+PSEUDONYM = Pseudonymizer(SECRET)
 
 
 def make(cfg: SidePathConfig | None = None, rng: int = 0, **kw: Any) -> SidePathProcessor:
     """A processor with a fixed pseudonym secret and a seeded ChaCha20 stream (tests only)."""
-    return SidePathProcessor(cfg if cfg is not None else SidePathConfig(), rng=rng, secret=SECRET, **kw)
+    return SidePathProcessor(cfg if cfg is not None else SidePathConfig(), rng=rng, pseudonymize=PSEUDONYM, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,8 @@ def test_no_record_id_in_any_side_message_or_key(adult: list[dict[str, Any]]) ->
     assert all(b"adult-" not in b for b in blobs)  # every record id has this prefix
     assert not set(ids) & set(blobs)
     # with another secret the pseudonyms differ (no one without the secret can recompute them)
-    other = SidePathProcessor(SidePathConfig(kmeans=KMeansConfig(enabled=False)), rng=2, secret=b"another-secret-16")
+    other = SidePathProcessor(SidePathConfig(kmeans=KMeansConfig(enabled=False)), rng=2,
+                              pseudonymize=Pseudonymizer(b"another-secret-16"))
     assert other.process_batch_encoded(recs[:5]).copies[0].keys != copies[0].keys[:5]
 
 
@@ -231,10 +233,14 @@ def test_bad_configuration_names_option_and_value(cfg: SidePathConfig, match: st
 
 def test_seeded_noise_needs_the_explicit_opt_in() -> None:
     cfg = SidePathConfig(seed=3, allow_seeded_noise=True, kmeans=KMeansConfig(enabled=False))
-    a = SidePathProcessor(cfg, secret=SECRET).process_batch([adult_schema_record()])
-    b = SidePathProcessor(cfg, secret=SECRET).process_batch([adult_schema_record()])
+    a = SidePathProcessor(cfg, pseudonymize=PSEUDONYM).process_batch([adult_schema_record()])
+    b = SidePathProcessor(cfg, pseudonymize=PSEUDONYM).process_batch([adult_schema_record()])
     assert a == b  # reproducible: whoever knows the seed reproduces every perturbation
-    assert type(SidePathProcessor(SidePathConfig(), secret=SECRET).rng.bit_generator).__name__ == "ChaCha"
+    default = SidePathProcessor(SidePathConfig(), pseudonymize=PSEUDONYM)
+    assert type(default.rng.bit_generator).__name__ == "ChaCha"
+    with pytest.raises(SidePathConfigError, match=r"pseudonyms is true but no pseudonym function"):
+        SidePathProcessor(SidePathConfig())
+    assert SidePathProcessor(SidePathConfig(pseudonyms=False)).pseudonym is None
 
 
 def adult_schema_record() -> dict[str, Any]:

@@ -44,6 +44,7 @@ from stream_anon.service.config import Config
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.producer import PRODUCER_CLIENTS, open_producer
+from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.app import SideStatus, run_side_paths
 from stream_anon.side.config import KMeansConfig, SidePathConfig
 from stream_anon.side.processor import SidePathProcessor
@@ -68,7 +69,7 @@ def benchmark(records: Sequence[Mapping[str, Any]], *, batch_size: int = 2000, c
     n_out = 0
     for _ in range(max(1, repeat)):
         rng = np.random.Generator(np.random.PCG64(seed)) if generator == "pcg64" else seed
-        proc = SidePathProcessor(cfg, rng=rng, secret=BENCH_SECRET)
+        proc = SidePathProcessor(cfg, rng=rng, pseudonymize=Pseudonymizer(BENCH_SECRET))
         c0, t0 = time.process_time(), time.perf_counter()
         n_out = 0
         for i in range(0, len(records), batch_size):
@@ -107,7 +108,7 @@ def estimate_error_table(records: Sequence[Mapping[str, Any]], *, config: SidePa
     base = config or SidePathConfig()
     cfg = dataclasses.replace(base, truth=True, estimates_every=0, estimates_every_seconds=None,
                               kmeans=dataclasses.replace(base.kmeans, enabled=False))
-    proc = SidePathProcessor(cfg, rng=seed, secret=BENCH_SECRET)
+    proc = SidePathProcessor(cfg, rng=seed, pseudonymize=Pseudonymizer(BENCH_SECRET))
     for i in range(0, len(records), batch_size):
         proc.process_batch(records[i:i + batch_size])
     rows = []

@@ -66,7 +66,13 @@ from stream_anon.service.kafka_io import (
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import H_KIND, OutputMessage
 from stream_anon.service.producer import OutputProducer, open_producer
-from stream_anon.service.release import ReleaseOptions, ReleaseSecret, dead_letter_message, resolve_secret
+from stream_anon.service.release import (
+    Pseudonymizer,
+    ReleaseOptions,
+    ReleaseSecret,
+    dead_letter_message,
+    resolve_secret,
+)
 from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
 from stream_anon.side.budgets import SideStateError
 from stream_anon.side.config import SidePathConfigError, budget_topic
@@ -89,8 +95,9 @@ class SideStatus:
     clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
     published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
     epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
-    epsilon_per_record: dict[str, float] = field(default_factory=dict)  # topic -> one record's exact eps there
-    epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs
+    epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
+    epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
+    epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
     estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
     kmeans_windows: int = 0
     kmeans_refused: int = 0
@@ -106,6 +113,7 @@ class SideStatus:
         return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
                 "clipped": dict(self.clipped), "published": dict(self.published),
                 "epsilon_spent": dict(self.epsilon_spent), "epsilon_per_record": dict(self.epsilon_per_record),
+                "epsilon_kmeans_window": self.epsilon_kmeans_window,
                 "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
                 "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
@@ -152,12 +160,11 @@ class SidePathApp:
         self.release = ReleaseOptions(secret=self.secret.text, dlq_payload=cfg.dlq.payload,
                                       dlq_max_payload_bytes=cfg.service.dlq_max_bytes)
         self.processor = SidePathProcessor(self.side, self.schema, topics=self.topics, rng=rng,
-                                           secret=self.secret.value, scope=self.group_id)
+                                           pseudonymize=Pseudonymizer(self.secret.value), scope=self.group_id)
         self.metrics = SideMetrics(metrics if metrics is not None else ServiceMetrics(CollectorRegistry()),
                                    self.processor, self.input_topic)
         self.status.epsilon_per_record = dict(self.processor.epsilon_per_record)
-        if self.processor.kmeans_enabled:
-            self.status.epsilon_per_record[self.topics.kmeans] = self.processor.epsilon_kmeans
+        self.status.epsilon_kmeans_window = self.processor.epsilon_kmeans
         self.status.epsilon_all_side_topics = self.processor.epsilon_all_topics
         self.decoder = SideDecoder(self.schema, cfg.service.max_message_bytes, out_of_domain=self.side.out_of_domain)
         self.budget_topic = BudgetTopic(cfg, budget_topic(self.side, self.input_topic)) \

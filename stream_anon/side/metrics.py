@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from stream_anon.core.schema import Kind
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.side.encoding import CopyBatch
 from stream_anon.side.processor import Out, SidePathProcessor
@@ -39,6 +40,9 @@ class SideMetrics:
         self.m = metrics
         self.processor = processor
         self.input_topic = input_topic
+        for a in processor.schema.attributes:  # a series per clippable attribute from the start (0 until clipped)
+            if a.kind is Kind.NUMERIC and a.lo is not None and a.hi is not None:
+                metrics.side_values_clipped.labels(topic=input_topic, attribute=a.name)
 
     def consumed(self, n: int) -> None:
         self.m.side_records_consumed.labels(topic=self.input_topic).inc(n)

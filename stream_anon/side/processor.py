@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,10 +58,15 @@ from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.base import crypto_rng
 from stream_anon.privacy.budget import BudgetExhaustedError, BudgetSpend, WindowedBudget
 from stream_anon.privacy.dp_kmeans import nicv
-from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.budgets import SideBudgets
 from stream_anon.side.channels import CategoricalChannel, Channel, NumericChannel, TruthTracker
-from stream_anon.side.config import SidePathConfig, SideTopics, kmeans_mechanism, plan_side_paths
+from stream_anon.side.config import (
+    SidePathConfig,
+    SidePathConfigError,
+    SideTopics,
+    kmeans_mechanism,
+    plan_side_paths,
+)
 from stream_anon.side.encoding import CopyBatch, copy_dict, copy_template, fill_copies
 
 log = logging.getLogger(__name__)
@@ -113,16 +117,17 @@ class SidePathProcessor:
 
     ``rng``: a ``numpy.random.Generator`` (or an int seed: a reproducible ChaCha20 stream, tests only); default
     ``config.seed`` (refused at config load unless ``allow_seeded_noise``), else ChaCha20 from OS entropy.
-    ``secret``: key of the pseudonyms (``release.secret`` as bytes); None with ``pseudonyms`` on: a random one for
-    this processor (logged: copies of different runs will not group).  ``scope``: prefix of the budget state keys
+    ``pseudonymize``: record id -> pseudonym, required with ``pseudonyms`` on (the side app passes
+    ``stream_anon.service.release.Pseudonymizer(release secret)``; this module stays pure).  ``scope``: prefix of the
+    budget state keys
     (the side consumer group).  ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases,
     budget exhaustion) collect until :meth:`drain_events` (``process_batch_encoded`` drains them into its batch).
     """
 
     def __init__(self, config: SidePathConfig | Mapping[str, Any] | None = None, schema: Schema | None = None, *,
                  topics: SideTopics | None = None, rng: np.random.Generator | int | None = None,
-                 clock: Callable[[], float] = time.monotonic, secret: bytes | None = None,
-                 scope: str = "side") -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 pseudonymize: Callable[[Any], str] | None = None, scope: str = "side") -> None:
         self.config = cfg = SidePathConfig.coerce(config)
         self.schema = schema if schema is not None else adult_schema()
         self.topics = topics if topics is not None else SideTopics()
@@ -149,13 +154,10 @@ class SidePathProcessor:
         self.estimate_rounds = 0
         self._since_estimates = 0
         self._last_estimates_at = clock()
-        self.pseudonym: Pseudonymizer | None = None
-        if cfg.pseudonyms:
-            if secret is None:
-                secret = secrets.token_bytes(32)
-                log.warning("side paths: no pseudonym secret given: generated one for this processor; copies of "
-                            "different runs will not group (set release.secret to keep pseudonyms stable)")
-            self.pseudonym = Pseudonymizer(secret)
+        if cfg.pseudonyms and pseudonymize is None:
+            raise SidePathConfigError("side paths: side_paths.pseudonyms is true but no pseudonym function was given "
+                                      "(pass pseudonymize=Pseudonymizer(release secret))")
+        self.pseudonym = pseudonymize if cfg.pseudonyms else None
         pb = cfg.person_budget
         self.person_field = self.schema.person_id if pb.cap_epsilon is not None else None
         self.budgets = SideBudgets(scope=scope, kmeans_total=cfg.kmeans.total_epsilon if plan.kmeans else None,
