@@ -12,10 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 from kafka import TopicPartition
+from prometheus_client import CollectorRegistry
 from test_side_app import Consumer, MemoryStore, Producer, SidePathApp, make_app, messages
 
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.service.config import Config
+from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.budgets import DELTA_SLOTS, SideBudgets, SideStateError
 from stream_anon.side.config import KMeansConfig, PersonBudgetConfig, SidePathConfig, SideTopics
@@ -189,3 +192,28 @@ def test_seeded_noise_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -
     warnings = app.startup_warnings()
     assert any("side_paths.seed is set (5)" in w and "reproducible" in w for w in warnings)
     assert any("pseudonyms is false" in w for w in warnings)
+
+
+def test_the_app_counts_and_logs_person_cap_refusals(adult: list[dict[str, Any]],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    base = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(enabled=False))
+    eps_all = base.check().epsilon_all
+    side = dataclasses.replace(base, person_budget=PersonBudgetConfig(cap_epsilon=eps_all, width=1 << 10))
+    cfg = dataclasses.replace(Config().with_options({"release.secret": "x" * 32}), side_paths=side)
+    metrics = ServiceMetrics(CollectorRegistry())
+    app = SidePathApp(cfg, metrics, rng=0, schema=person_schema())
+    producer = Producer(cfg)
+    app._consumer, app._producer = Consumer(), producer  # type: ignore[assignment]
+    app.budget_store = MemoryStore(cfg, producer)
+    tp = TopicPartition("adult.raw", 0)
+    with caplog.at_level(logging.WARNING, logger="stream_anon.side.app"):
+        for start in (0, 20):  # 20 persons, one record each, then each a second record: all refused
+            app._process(tp, messages(with_persons(adult[start:start + 20], 20), start=start))
+    assert app.status.skipped == {SKIP_PERSON_BUDGET: 20} and app.status.processed == 20
+    assert metrics.registry.get_sample_value("stream_anon_side_records_skipped_total",
+                                             {"topic": "adult.raw", "reason": SKIP_PERSON_BUDGET}) == 20
+    warnings = [r.getMessage() for r in caplog.records if "person_budget.cap_epsilon" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("side paths: 20 record(s) so far")
+    # the sketch's state was written (acknowledged) before the first batch's copies were sent
+    store = app.budget_store
+    assert isinstance(store, MemoryStore) and store.puts and store.puts[0][0] == 0

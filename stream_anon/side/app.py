@@ -79,7 +79,7 @@ from stream_anon.side.config import SidePathConfigError, budget_topic
 from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
-from stream_anon.side.processor import Out, SideEvent, SidePathProcessor
+from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class SidePathApp:
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
         self._unacked_copies: list[CopyBatch] = []
         self._last_flush = time.monotonic()
+        self._next_refusal_log = 1  # person-cap refusals: WARNING at 1, 10, 100, ...
         self._flush_every = max(0.0, cfg.service.commit_interval_ms / 1000.0)
         t = self.topics
         self._per_record_topics = frozenset(self.processor.epsilon_per_record)
@@ -367,6 +368,8 @@ class SidePathApp:
                     events.extend(b.events)
                     for reason, count in b.skipped.items():
                         self._skip(reason, count)
+                    if b.skipped.get(SKIP_PERSON_BUDGET):
+                        self._log_person_refusals()
                     status.processed += len(records) - sum(b.skipped.values())
                 self._ended.discard(tp.partition)
             if flush_after:
@@ -380,6 +383,17 @@ class SidePathApp:
             for reason in decoded.dlq_reasons:
                 self.metrics.dead_lettered(reason)
         self._publish(outputs, tp.partition, copies, events)
+
+    def _log_person_refusals(self) -> None:
+        """A WARNING when the count of records refused by the per-person cap reaches 1, 10, 100, ... (never per
+        record; the metric counts every one)."""
+        n = self.status.skipped.get(SKIP_PERSON_BUDGET, 0)
+        if n >= self._next_refusal_log:
+            log.warning("side paths: %d record(s) so far got no side output: their person is over "
+                        "side_paths.person_budget.cap_epsilon = %g (each record spends %r)", n,
+                        self.side.person_budget.cap_epsilon, self.processor.epsilon_all_topics)
+            while self._next_refusal_log <= n:
+                self._next_refusal_log *= 10
 
     def _all_partitions_ended(self) -> bool:
         """True when every assigned input partition's latest message is an end-of-stream flush control."""
