@@ -1,10 +1,12 @@
 """The side app's batch logic with in-memory stand-ins for the consumer and producer (lists in, lists out):
-commit-before-perturb, retry after a failed commit, bad input counted (or dead-lettered), end-of-stream flush."""
+commit-before-perturb, retry after a failed commit, bad input counted, clipped (or dead-lettered, redacted),
+end-of-stream flush, budgets persisted before the outputs that spend them and restored at start."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,12 @@ from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer
+from stream_anon.service.release import decode_dead_letter, keyed_hash, record_pseudonym
 from stream_anon.side.app import SidePathApp
+from stream_anon.side.budget_store import BudgetTopic
 from stream_anon.side.config import KMeansConfig, SidePathConfig
+
+SECRET = "side-app-test-secret-0123456789abcdef"
 
 
 @dataclass
@@ -63,8 +69,32 @@ class Producer(OutputProducer):
 
     @property
     def sent(self) -> list[OutputMessage]:
-        return [OutputMessage(dict(m.headers)["kind"].decode(), m.topic, m.partition, m.key, m.value,
-                              tuple(m.headers)) for m in self.memory.sent]
+        """What reached the transport; ``kind`` = the ``kind`` header, else the topic's last name part."""
+        return [OutputMessage(dict(m.headers)["kind"].decode() if m.headers else m.topic.rsplit(".", 1)[-1],
+                              m.topic, m.partition, m.key, m.value, tuple(m.headers)) for m in self.memory.sent]
+
+
+class MemoryStore(BudgetTopic):
+    """The budget topic over the test producer: ``put`` is the real one (send + wait for the acknowledgement), then
+    it checks nothing is left unacknowledged; ``load`` reads back what reached the transport (latest per key)."""
+
+    def __init__(self, cfg: Config, producer: Producer, topic: str = "adult.raw.side-budget") -> None:
+        super().__init__(cfg, topic)
+        self.producer = producer
+        self.puts: list[tuple[int, list[str]]] = []  # (messages sent before the put, keys)
+
+    def put(self, producer: OutputProducer, records: Mapping[str, bytes]) -> None:
+        before = len(self.producer.memory.sent)
+        super().put(producer, records)
+        assert producer.pending == 0  # acknowledged before put returns
+        self.puts.append((before, sorted(records)))
+
+    def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for m in self.producer.memory.sent:
+            if m.topic == self.topic and m.key is not None:
+                out[m.key.decode()] = m.value
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +102,16 @@ def records(adult_path: Path) -> list[dict[str, Any]]:
     return list(iter_records(read_adult(adult_path)))[:600]
 
 
-def make_app(side: SidePathConfig, consumer: Consumer) -> tuple[SidePathApp, Producer, ServiceMetrics]:
-    cfg = dataclasses.replace(Config(), side_paths=side)
+def make_app(side: SidePathConfig, consumer: Consumer, producer: Producer | None = None
+             ) -> tuple[SidePathApp, Producer, ServiceMetrics]:
+    cfg = dataclasses.replace(Config().with_options({"release.secret": SECRET}), side_paths=side)
     metrics = ServiceMetrics(CollectorRegistry())
     app = SidePathApp(cfg, metrics, rng=0)
-    producer = Producer(cfg)
+    producer = producer or Producer(cfg)
     app._consumer = consumer  # type: ignore[assignment]
     app._producer = producer
+    if app.budget_store is not None:
+        app.budget_store = MemoryStore(cfg, producer)
     return app, producer, metrics
 
 
@@ -108,27 +141,50 @@ def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(
     assert metrics.registry.get_sample_value("stream_anon_side_records_published_total",
                                              {"topic": "adult.krr"}) == 300
     assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total", {"topic": "adult.raw"}) == 300
-    assert app.status.epsilon_spent == {"adult.kmeans": 1.0, "adult.krr": 1500.0, "adult.rs": 600.0,
-                                        "adult.blap": 1200.0}
+    eps = app.processor.epsilon_per_record  # exact (tests/test_side_processor.py)
+    assert app.status.epsilon_spent == {"adult.kmeans": 1.0, "adult.krr": 300 * eps["adult.krr"],
+                                        "adult.rs": 300 * eps["adult.rs"], "adult.blap": 300 * eps["adult.blap"]}
+    # keys are the pseudonyms, never the record ids
+    krr = [m for m in producer.sent if m.kind == "krr"]
+    assert [m.key for m in krr] == [record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:300]]
 
 
 def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[str, Any]]) -> None:
-    app, producer, _ = make_app(SIDE, Consumer())
+    """Out-of-domain numeric values are clipped into the public domain (default); other bad input is counted and
+    skipped, or with ``dead_letter`` dead-lettered, redacted as the main path does."""
+    app, producer, metrics = make_app(SIDE, Consumer())
     tp = TopicPartition("adult.raw", 0)
-    bad = [Msg(10, b"{oops"), Msg(11, json.dumps({**records[0], "age": 500}).encode()),
-           Msg(12, json.dumps({k: v for k, v in records[0].items() if k != "sex"}).encode())]
+    bad = [Msg(10, b"{oops"), Msg(11, json.dumps({**records[0], "age": 500, "id": "clipped-1"}).encode()),
+           Msg(12, json.dumps({k: v for k, v in records[0].items() if k != "sex"}).encode()),
+           Msg(13, json.dumps({**records[0], "sex": "Other"}).encode())]
     app._process(tp, messages(records[:10]) + bad)
-    assert app.status.skipped == {"malformed_json": 1, "out_of_domain": 1, "missing_field": 1}
+    assert app.status.skipped == {"malformed_json": 1, "missing_field": 1, "out_of_domain": 1}  # "Other": a category
+    assert app.status.clipped == {"age": 1}
+    assert metrics.registry.get_sample_value("stream_anon_side_values_clipped_total",
+                                             {"topic": "adult.raw", "attribute": "age"}) == 1
     assert all(m.kind != "dlq" for m in producer.sent)
-    assert app.processor.records_processed == 10
+    assert app.processor.records_processed == 11  # the clipped record is perturbed
+    clipped_key = record_pseudonym(SECRET.encode(), "clipped-1").encode()
+    assert [m.key for m in producer.sent if m.kind == "blap"][-1] == clipped_key
+
+    skip = dataclasses.replace(SIDE, out_of_domain="skip")
+    app_s, _, _ = make_app(skip, Consumer())
+    app_s._process(tp, bad)
+    assert app_s.status.skipped == {"malformed_json": 1, "missing_field": 1, "out_of_domain": 2}
+    assert app_s.status.clipped == {}
 
     side = SidePathConfig(estimates_every=0, estimates_every_seconds=None, dead_letter=True,
                           kmeans=KMeansConfig(enabled=False))
     app2, producer2, metrics2 = make_app(side, Consumer())
     app2._process(tp, bad)
-    dlq = [m for m in producer2.sent if m.kind == "dlq"]
-    assert [m.value for m in dlq] == [b.value for b in bad]  # the original bytes
-    assert [dict(m.headers)["dlq.reason"] for m in dlq] == [b"malformed_json", b"out_of_domain", b"missing_field"]
+    dlq = [m for m in producer2.sent if m.topic == "adult.dlq"]
+    bodies = [decode_dead_letter(m.value) for m in dlq]
+    assert [b["reason"] for b in bodies] == ["malformed_json", "missing_field", "out_of_domain"]
+    for m, b, original in zip(dlq, bodies, [bad[0], bad[2], bad[3]], strict=True):
+        assert m.headers == () and b["payload"] == "redacted" and b["offset"] == original.offset
+        assert b["value_hmac"] == keyed_hash(SECRET.encode(), original.value or b"")
+        assert original.value not in m.value and b"Other" not in m.value  # nothing of the record itself
+        assert m.key == f"adult.raw/0/{original.offset}".encode()
     assert metrics2.registry.get_sample_value("stream_anon_records_dead_lettered_total",
                                               {"reason": "out_of_domain"}) == 1
 

@@ -13,24 +13,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from prometheus_client import CollectorRegistry
 
 from stream_anon.core.datasets import iter_records, read_adult
+from stream_anon.core.schema import adult_schema
 from stream_anon.service.config import Config
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.side.app import SideStatus, run_side_paths
-from stream_anon.side.config import KMeansConfig, SidePathConfig
+from stream_anon.service.release import record_pseudonym
+from stream_anon.side.app import SideStatus, run_side_paths, side_group_id
+from stream_anon.side.budget_store import BudgetTopic
+from stream_anon.side.config import KMeansConfig, SidePathConfig, budget_topic
 
 pytestmark = pytest.mark.integration
 
 N_RECORDS = 3000
+SECRET = "side-kafka-test-secret-0123456789"
 
 
 def _config(bootstrap: str, tag: str, side: SidePathConfig) -> Config:
     options: dict[str, Any] = {"kafka.bootstrap_servers": bootstrap, "kafka.group_id": f"g-{tag}",
-                               "kafka.session_timeout_ms": 6000, "kafka.heartbeat_interval_ms": 1000}
+                               "kafka.session_timeout_ms": 6000, "kafka.heartbeat_interval_ms": 1000,
+                               "release.secret": SECRET}
     for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
         options[f"topics.{name}"] = f"{tag}.{name}"
     return dataclasses.replace(Config.load(env={}, overrides=options), side_paths=side)
@@ -83,20 +89,33 @@ def _produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes |
     return len(parts)
 
 
-@pytest.fixture
-def running_side(broker: Any) -> Iterator[Any]:
-    threads: list[tuple[threading.Thread, threading.Event]] = []
+class _Runner:
+    """Starts side apps in threads (``runner(cfg, metrics, status)``); ``stop(thread)`` stops one and waits."""
 
-    def start(cfg: Config, metrics: ServiceMetrics, status: SideStatus) -> threading.Thread:
+    def __init__(self) -> None:
+        self.threads: list[tuple[threading.Thread, threading.Event]] = []
+
+    def __call__(self, cfg: Config, metrics: ServiceMetrics, status: SideStatus) -> threading.Thread:
         stop = threading.Event()
         th = threading.Thread(target=run_side_paths, args=(cfg, metrics, stop), kwargs={"status": status, "rng": 7},
                               daemon=True)
         th.start()
-        threads.append((th, stop))
+        self.threads.append((th, stop))
         return th
 
-    yield start
-    for th, stop in threads:
+    def stop(self, th: threading.Thread) -> None:
+        for t, stop in self.threads:
+            if t is th:
+                stop.set()
+                t.join(timeout=30)
+                assert not t.is_alive()
+
+
+@pytest.fixture
+def running_side(broker: Any) -> Iterator[Any]:
+    runner = _Runner()
+    yield runner
+    for th, stop in runner.threads:
         stop.set()
         th.join(timeout=30)
 
@@ -108,50 +127,53 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
                           kmeans=KMeansConfig(window=1000))
     cfg = _config(broker.bootstrap_servers, tag, side)
     bad = [b"{not json", json.dumps({"id": "bad-1", "age": 300}).encode()]
-    values = [json.dumps(r).encode() for r in adult_records[:1500]] + bad + \
+    clipped = {**adult_records[0], "id": "clip-1", "age": 300}  # out of the public domain: clipped to 90, perturbed
+    values = [json.dumps(r).encode() for r in adult_records[:1500]] + bad + [json.dumps(clipped).encode()] + \
              [json.dumps(r).encode() for r in adult_records[1500:]]
-    keys: list[bytes | None] = [r["id"].encode() for r in adult_records[:1500]] + [None, None] + \
+    keys: list[bytes | None] = [r["id"].encode() for r in adult_records[:1500]] + [None, None, b"clip-1"] + \
         [r["id"].encode() for r in adult_records[1500:]]
+    n_valid = N_RECORDS + 1
     metrics = ServiceMetrics(CollectorRegistry())
     status = SideStatus()
     t0 = time.perf_counter()
     n_parts = _produce(broker.bootstrap_servers, cfg.topics.input, values, keys, end_of_stream=True)
     running_side(cfg, metrics, status)
     deadline = time.monotonic() + 90
-    while status.processed < N_RECORDS or status.control < n_parts:
+    while status.processed < n_valid or status.control < n_parts:
         assert status.error is None, status.error
-        assert time.monotonic() < deadline, f"side paths processed only {status.processed} of {N_RECORDS}"
+        assert time.monotonic() < deadline, f"side paths processed only {status.processed} of {n_valid}"
         time.sleep(0.1)
     elapsed = time.perf_counter() - t0
     # the metrics count acknowledged messages: wait for the acknowledgements (a flush after the last batch)
-    while any(status.published.get(t, 0) < N_RECORDS for t in (cfg.topics.krr, cfg.topics.rs, cfg.topics.blap)):
+    while any(status.published.get(t, 0) < n_valid for t in (cfg.topics.krr, cfg.topics.rs, cfg.topics.blap)):
         assert status.error is None, status.error
         assert time.monotonic() < deadline, f"side copies acknowledged: {status.published}"
         time.sleep(0.05)
-    print(f"\nside app end to end: {N_RECORDS} records (+2 bad, {n_parts} control) in {elapsed:.2f} s "
-          f"(incl. group join) = {N_RECORDS / elapsed:,.0f} records/s")
-    assert status.skipped == {"malformed_json": 1, "out_of_domain": 1} or sum(status.skipped.values()) == 2
-    ids = {r["id"] for r in adult_records}
-    eps_expected = {cfg.topics.krr: 5.0, cfg.topics.rs: 2.0, cfg.topics.blap: 4.0}
+    print(f"\nside app end to end: {n_valid} records (+2 bad, {n_parts} control) in {elapsed:.2f} s "
+          f"(incl. group join) = {n_valid / elapsed:,.0f} records/s")
+    assert status.skipped == {"malformed_json": 1, "missing_field": 1} and status.clipped == {"age": 1}
+    pseudonyms = {record_pseudonym(SECRET.encode(), r["id"]) for r in [*adult_records, clipped]}
+    plan = side.check(adult_schema())  # the exact eps (tests/test_side_exact_epsilon.py recomputes them)
+    eps_expected = {cfg.topics.krr: plan.epsilon_per_role["krr"], cfg.topics.rs: plan.epsilon_per_role["rs"],
+                    cfg.topics.blap: plan.epsilon_per_role["blap"]}
     for topic, eps_total in eps_expected.items():
-        msgs = _read_all(broker.bootstrap_servers, topic, expect=N_RECORDS)
+        msgs = _read_all(broker.bootstrap_servers, topic, expect=n_valid)
         bodies = [json.loads(m.value) for m in msgs]
-        assert {b["id"] for b in bodies} == ids, topic
-        assert len(bodies) == N_RECORDS, topic  # exactly one copy per record
+        assert {b["id"] for b in bodies} == pseudonyms, topic  # pseudonyms, never the record ids
+        assert len(bodies) == n_valid, topic  # exactly one copy per record
         for m, b in zip(msgs, bodies, strict=True):
-            assert m.key.decode() == b["id"]
-            assert b["epsilon_total"] == pytest.approx(eps_total)
-            assert sum(b["epsilon"].values()) == pytest.approx(eps_total)
+            assert m.key.decode() == b["id"] and b"adult-" not in m.value and not m.headers[1:]
+            assert b["epsilon_total"] == eps_total
             assert set(b["epsilon"]) == set(b["values"])
-            assert b["epsilon_all_side_topics"] == pytest.approx(11.0)
+            assert b["epsilon_all_side_topics"] == plan.epsilon_all
         # metrics: eps spent = copies x eps per record
         assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": topic}) == \
-            pytest.approx(N_RECORDS * eps_total)
+            pytest.approx(n_valid * eps_total)
         assert metrics.registry.get_sample_value("stream_anon_side_records_published_total",
-                                                 {"topic": topic}) == N_RECORDS
+                                                 {"topic": topic}) == n_valid
     est = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.estimates)]
     # 3 rounds at 1000/2000/3000 records (the flush adds none: no new records since) x 12 attributes
-    final = [e for e in est if e["records_seen"] == N_RECORDS]
+    final = [e for e in est if e["records_seen"] == n_valid]
     attrs = {e["attribute"] for e in final}
     assert attrs == {"sex", "race", "marital-status", "relationship", "workclass", "education", "occupation",
                      "income", "age", "hours-per-week", "education-num"}
@@ -171,15 +193,16 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
     km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
     assert [k["window"] for k in km] == [0, 1, 2]
     for k in km:
-        assert k["epsilon"] == pytest.approx(1.0) and len(k["centroids"]) == 3
+        assert k["epsilon"] == 1.0 and len(k["centroids"]) == 3
         assert all(17 <= c[0] <= 90 and 1 <= c[1] <= 99 for c in k["centroids"])
     assert metrics.registry.get_sample_value("stream_anon_epsilon_spent_total", {"topic": cfg.topics.kmeans}) == 3.0
     assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total",
-                                             {"topic": cfg.topics.input}) == N_RECORDS + 2 + n_parts
+                                             {"topic": cfg.topics.input}) == n_valid + 2 + n_parts
 
 
-def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: list[dict[str, Any]],
-                                                 running_side: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_side_app_budget_exhaustion_stops_kmeans_and_survives_a_restart(
+        broker: Any, adult_records: list[dict[str, Any]], running_side: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
     tag = "sb" + uuid.uuid4().hex[:6]
     side = SidePathConfig(estimates_every=0, estimates_every_seconds=None,
                           kmeans=KMeansConfig(window=500, epsilon=1.0, total_epsilon=2.5))
@@ -190,15 +213,15 @@ def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: lis
     _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in recs],
              [r["id"].encode() for r in recs])
     with caplog.at_level("ERROR"):
-        running_side(cfg, metrics, status)
+        th = running_side(cfg, metrics, status)
         deadline = time.monotonic() + 60
-        while status.processed < len(recs):
+        while status.processed < len(recs) or status.published.get(cfg.topics.krr, 0) < len(recs):
             assert status.error is None, status.error
             assert time.monotonic() < deadline
             time.sleep(0.1)
     km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
     assert [k["window"] for k in km] == [0, 1]  # 2 x 1.0 of 2.5; windows 2 and 3 refused
-    assert km[-1]["budget"] == {"scope": "stream", "total": 2.5, "remaining": pytest.approx(0.5)}
+    assert km[-1]["budget"] == {"scope": "stream", "total": 2.5, "spent": 2.0, "remaining": 0.5}
     assert status.kmeans_stopped and status.kmeans_refused == 2
     assert any("STOPPED" in r.getMessage() for r in caplog.records)
     assert metrics.registry.get_sample_value("stream_anon_epsilon_budget_remaining",
@@ -207,6 +230,48 @@ def test_side_app_budget_exhaustion_stops_kmeans(broker: Any, adult_records: lis
                                              {"topic": cfg.topics.kmeans}) == pytest.approx(2.5)
     # the per-record side topics are unaffected
     assert status.published[cfg.topics.krr] == len(recs)
+    # the spending is in the internal budget topic, keyed by the group
+    state = {m.key.decode(): json.loads(m.value)
+             for m in _read_all(broker.bootstrap_servers, budget_topic(side, cfg.topics.input))}
+    assert state[f"{side_group_id(cfg)}/kmeans"]["spent"] == 2.0
+
+    # restart (the same group): the budget is restored, the next windows stay refused, the copies go on
+    running_side.stop(th)
+    more = adult_records[2000:3000]
+    _produce(broker.bootstrap_servers, cfg.topics.input, [json.dumps(r).encode() for r in more],
+             [r["id"].encode() for r in more])
+    status2 = SideStatus()
+    running_side(cfg, ServiceMetrics(CollectorRegistry()), status2)
+    deadline = time.monotonic() + 60
+    while status2.published.get(cfg.topics.krr, 0) < len(more):
+        assert status2.error is None, status2.error
+        assert time.monotonic() < deadline, status2.summary()
+        time.sleep(0.1)
+    assert status2.kmeans_stopped and status2.kmeans_refused == 2 and status2.kmeans_windows == 0
+    assert len(_read_all(broker.bootstrap_servers, cfg.topics.kmeans)) == 2
+
+
+def test_an_unreadable_budget_state_stops_the_side_paths_with_exit_2(broker: Any) -> None:
+    tag = "su" + uuid.uuid4().hex[:6]
+    side = SidePathConfig(kmeans=KMeansConfig(total_epsilon=3.0))
+    cfg = _config(broker.bootstrap_servers, tag, side)
+    topic = budget_topic(side, cfg.topics.input)
+    store = BudgetTopic(cfg, topic)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    store.ensure(admin)  # 1 partition, compacted
+    _produce(broker.bootstrap_servers, topic, [b"not a budget"], [f"{side_group_id(cfg)}/kmeans".encode()])
+    status = SideStatus()
+    rc = run_side_paths(cfg, ServiceMetrics(CollectorRegistry()), threading.Event(), status=status)
+    assert rc == 2 and status.error is not None
+    assert f"topic {topic!r}" in status.error and f"{side_group_id(cfg)}/kmeans" in status.error
+    # a budget topic of several partitions is refused too (the state lives in partition 0)
+    wide = dataclasses.replace(side, budget_topic=f"{tag}.wide-budget")
+    admin.create_topics([NewTopic(f"{tag}.wide-budget", 3, 1)])
+    admin.close()
+    status = SideStatus()
+    rc = run_side_paths(dataclasses.replace(cfg, side_paths=wide), ServiceMetrics(CollectorRegistry()),
+                        threading.Event(), status=status)
+    assert rc == 2 and "has 3 partitions" in (status.error or "")
 
 
 @pytest.mark.slow

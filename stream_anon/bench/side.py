@@ -4,14 +4,19 @@
 (an embedded Tansu broker when no bootstrap servers are given).  Prints:
 
 * **pure**: :class:`~stream_anon.side.processor.SidePathProcessor` over all of ADULT in batches (records/s,
-  messages/s; best of ``--repeat``) and the estimate-error table of the final estimates (truth tracker on);
+  messages/s and CPU microseconds per record; best of ``--repeat``) for the default (ChaCha20 noise, keyed
+  pseudonyms) and, for their cost, with numpy's PCG64 instead of ChaCha20 and without pseudonyms (copies
+  shuffled instead); then the estimate-error table of the final estimates (truth tracker on);
 * **raw send floor** per producer transport (and per ``--linger-ms`` / ``--batch-size`` / ``--partitions``):
   one :class:`~stream_anon.service.producer.OutputProducer` sending a real pre-encoded ``adult.krr`` copy 3 x 32,561
   times (distinct keys, header ``kind``) until all are acknowledged (``acks=all``, idempotent); messages/s and the
   equivalent records/s at 3 copies per record;
 * **end to end** per transport: all ADULT records produced to a fresh input topic (+ end-of-stream controls), then
   the side app (its own consumer group, in a thread of this process): records/s from the first consumed record
-  until every copy and the 7 k-means windows are acknowledged.
+  until every copy and the 7 k-means windows are acknowledged, and the CPU time of this process per record (the
+  side app's thread and the producer client's threads; the embedded broker is another process).
+
+Noise is seeded (a reproducible ChaCha20 stream) in the pure part only; the side app draws from OS entropy.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
@@ -38,38 +44,61 @@ from stream_anon.service.config import Config
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.producer import PRODUCER_CLIENTS, open_producer
+from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.app import SideStatus, run_side_paths
 from stream_anon.side.config import KMeansConfig, SidePathConfig
 from stream_anon.side.processor import SidePathProcessor
 
-KRR_COPY = (b'{"id":"adult-00000","mechanism":"krr","values":{"sex":"Male","race":"White","marital-status":'
-            b'"Separated","relationship":"Unmarried","workclass":"Never-worked"},"epsilon":{"sex":1.0,"race":1.0,'
-            b'"marital-status":1.0,"relationship":1.0,"workclass":1.0},"epsilon_total":5.0,'
-            b'"epsilon_all_side_topics":11.0}')
+KRR_COPY = (b'{"id":"3f0b5c2e9d41a8f7c6e5d4b3a2918070","mechanism":"krr","values":{"sex":"Male","race":"White",'
+            b'"marital-status":"Separated","relationship":"Unmarried","workclass":"Never-worked"},"epsilon":{"sex":'
+            b'1.000000000000909,"race":1.0000000000009095,"marital-status":1.0000000000009093,"relationship":'
+            b'1.0000000000009095,"workclass":1.0000000000009093},"epsilon_total":5.000000000004547,'
+            b'"epsilon_all_side_topics":12.000000000005961}')
+"""A side copy as the side app publishes it at the defaults (pseudonym key and id, exact eps)."""
+BENCH_SECRET = b"stream-anon-bench-secret-not-for-production"
 
 
 # ============================================================================================ pure
 def benchmark(records: Sequence[Mapping[str, Any]], *, batch_size: int = 2000, config: SidePathConfig | None = None,
-              seed: int = 0, repeat: int = 1) -> dict[str, float]:
-    """Time ``process_batch_encoded`` over ``records`` in batches (best of ``repeat``); prints and returns records/s
-    and messages/s."""
+              seed: int = 0, repeat: int = 1, generator: str = "chacha", label: str = "default") -> dict[str, float]:
+    """Time ``process_batch_encoded`` over ``records`` in batches (best of ``repeat``, wall and CPU time); prints
+    and returns records/s, messages/s and CPU microseconds per record.  ``generator``: ``chacha`` (the seeded
+    ChaCha20 stream) or ``pcg64`` (numpy's default bit generator, for the cost of ChaCha20 only)."""
     cfg = config or SidePathConfig(estimates_every=5000)
-    best = math.inf
+    best = best_cpu = math.inf
     n_out = 0
     for _ in range(max(1, repeat)):
-        proc = SidePathProcessor(cfg, rng=seed)
-        t0 = time.perf_counter()
+        rng = np.random.Generator(np.random.PCG64(seed)) if generator == "pcg64" else seed
+        proc = SidePathProcessor(cfg, rng=rng, pseudonymize=Pseudonymizer(BENCH_SECRET))
+        c0, t0 = time.process_time(), time.perf_counter()
         n_out = 0
         for i in range(0, len(records), batch_size):
             b = proc.process_batch_encoded(records[i:i + batch_size])
             n_out += sum(len(c) for c in b.copies) + len(b.outputs)
         n_out += len(proc.flush())
         best = min(best, time.perf_counter() - t0)
-    res = {"records": float(len(records)), "seconds": best, "records_per_s": len(records) / best,
-           "messages_per_s": n_out / best, "batch_size": float(batch_size)}
-    print(f"side paths (pure): {len(records)} records in {best:.3f} s = {res['records_per_s']:,.0f} records/s, "
-          f"{res['messages_per_s']:,.0f} messages/s (batch {batch_size})")
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    n = len(records)
+    res = {"records": float(n), "seconds": best, "records_per_s": n / best, "messages_per_s": n_out / best,
+           "cpu_us_per_record": 1e6 * best_cpu / n, "batch_size": float(batch_size)}
+    print(f"side paths (pure, {label}): {n} records in {best:.3f} s = {res['records_per_s']:,.0f} records/s, "
+          f"{res['messages_per_s']:,.0f} messages/s, {res['cpu_us_per_record']:.2f} CPU us/record (batch "
+          f"{batch_size}, best of {max(1, repeat)})")
     return res
+
+
+def benchmark_variants(records: Sequence[Mapping[str, Any]], *, batch_size: int = 2000, seed: int = 0,
+                       repeat: int = 1) -> dict[str, dict[str, float]]:
+    """The pure benchmark for the default and for the two things it pays for: ChaCha20 (vs PCG64) and the
+    pseudonyms (vs none, copies shuffled)."""
+    base = SidePathConfig(estimates_every=5000)
+    return {
+        "default": benchmark(records, batch_size=batch_size, config=base, seed=seed, repeat=repeat),
+        "pcg64": benchmark(records, batch_size=batch_size, config=base, seed=seed, repeat=repeat, generator="pcg64",
+                           label="PCG64 instead of ChaCha20"),
+        "no-pseudonyms": benchmark(records, batch_size=batch_size, config=dataclasses.replace(base, pseudonyms=False),
+                                   seed=seed, repeat=repeat, label="no pseudonyms, copies shuffled"),
+    }
 
 
 def estimate_error_table(records: Sequence[Mapping[str, Any]], *, config: SidePathConfig | None = None,
@@ -79,7 +108,7 @@ def estimate_error_table(records: Sequence[Mapping[str, Any]], *, config: SidePa
     base = config or SidePathConfig()
     cfg = dataclasses.replace(base, truth=True, estimates_every=0, estimates_every_seconds=None,
                               kmeans=dataclasses.replace(base.kmeans, enabled=False))
-    proc = SidePathProcessor(cfg, rng=seed)
+    proc = SidePathProcessor(cfg, rng=seed, pseudonymize=Pseudonymizer(BENCH_SECRET))
     for i in range(0, len(records), batch_size):
         proc.process_batch(records[i:i + batch_size])
     rows = []
@@ -177,21 +206,24 @@ def side_app_throughput(bootstrap: str, records: Sequence[Mapping[str, Any]], *,
             if status.error is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"side app did not start: {status.error}")
             time.sleep(0.005)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while any(status.published.get(t, 0) < n for t in (cfg.topics.krr, cfg.topics.rs, cfg.topics.blap)) \
                 or status.control < len(parts) or status.published.get(cfg.topics.kmeans, 0) < windows:
             if status.error is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"side app: {status.error or 'timeout'}; published {status.published}")
             time.sleep(0.005)
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     finally:
         stop.set()
         th.join(30)
     rate = n / seconds
     print(f"side app end to end ({transport}, {partitions} partition(s)): {n} records -> {3 * n} copies + "
           f"{status.published.get(cfg.topics.estimates, 0)} estimates + {status.published.get(cfg.topics.kmeans, 0)} "
-          f"k-means windows in {seconds:.2f} s = {rate:,.0f} records/s ({3 * rate:,.0f} copies/s)")
-    return {"records": float(n), "seconds": seconds, "records_per_s": rate, "partitions": float(partitions)}
+          f"k-means windows in {seconds:.2f} s = {rate:,.0f} records/s ({3 * rate:,.0f} copies/s), "
+          f"{1e6 * cpu / n:.1f} CPU us/record in this process")
+    return {"records": float(n), "seconds": seconds, "records_per_s": rate, "partitions": float(partitions),
+            "cpu_us_per_record": 1e6 * cpu / n}
 
 
 def _ints(text: str) -> list[int]:
@@ -220,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = list(iter_records(read_adult(args.adult)))
     results: dict[str, Any] = {"records": len(records)}
     if "pure" not in skip:
-        results["pure"] = benchmark(records, batch_size=args.batch, seed=args.seed, repeat=args.repeat)
+        results["pure"] = benchmark_variants(records, batch_size=args.batch, seed=args.seed, repeat=args.repeat)
         rows = estimate_error_table(records, seed=args.seed, batch_size=args.batch)
         print_error_table(rows, len(records), args.seed)
         results["estimates"] = rows
@@ -242,9 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs = [side_app_throughput(bootstrap, records, transport=t, partitions=parts)
                         for _ in range(max(1, args.repeat))]
                 med = statistics.median(r["records_per_s"] for r in runs)
-                print(f"  median over {len(runs)}: {med:,.0f} records/s")
+                cpu = statistics.median(r["cpu_us_per_record"] for r in runs)
+                print(f"  median over {len(runs)}: {med:,.0f} records/s, {cpu:.1f} CPU us/record")
                 results["e2e"].append({"transport": t, "partitions": parts,
-                                       "records_per_s": [r["records_per_s"] for r in runs], "median": med})
+                                       "records_per_s": [r["records_per_s"] for r in runs], "median": med,
+                                       "cpu_us_per_record": [r["cpu_us_per_record"] for r in runs]})
 
     if not skip >= {"raw", "e2e"}:
         if args.bootstrap_servers:

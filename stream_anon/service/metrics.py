@@ -147,6 +147,9 @@ class ServiceMetrics:
         self.side_records_skipped = Counter("stream_anon_side_records_skipped",
                                             "Input records the side paths skipped (invalid; the main path dead-letters them)",
                                             ["topic", "reason"], registry=r)
+        self.side_values_clipped = Counter("stream_anon_side_values_clipped",
+                                           "Out-of-domain numeric values the side paths clipped into the schema's "
+                                           "public domain", ["topic", "attribute"], registry=r)
         self.side_outputs_refused = Counter("stream_anon_side_outputs_refused",
                                             "Side outputs refused (e.g. privacy budget exhausted)", ["topic", "reason"],
                                             registry=r)

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
+from stream_anon.side.metrics import side_registry
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +146,15 @@ class SidePaths:
 
 
 def side_process_main(cfg: Config, conn: Connection) -> None:
-    """Child process: the side paths with their own metrics registry/endpoint, driven over ``conn``."""
+    """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
+    ``conn``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    registry = CollectorRegistry()
-    metrics = ServiceMetrics(registry)
+    metrics = ServiceMetrics(CollectorRegistry())
     if cfg.service.side_metrics_port:
-        try:
-            serve_metrics(registry, cfg.service.side_metrics_port, cfg.service.metrics_addr)
+        try:  # only the side paths' metrics: the main path's gauges would be exported here at 0
+            serve_metrics(side_registry(metrics), cfg.service.side_metrics_port, cfg.service.metrics_addr)
         except OSError as e:
             log.warning("side-path metrics endpoint not started: %s", e)
     stop = threading.Event()

@@ -3,10 +3,15 @@ the main path), the pure :class:`~stream_anon.side.processor.SidePathProcessor`,
 :class:`~stream_anon.service.producer.OutputProducer` and the metrics.
 
 Loop: ``poll`` a batch; decode and validate every message with the main path's
-:class:`~stream_anon.service.decoding.RecordDecoder` (same reasons); **commit the batch's offsets first**, then
-perturb it and send the copies (JSON-encoded column-wise, sent in bulk), the estimates and the k-means releases it
-triggered (``acks=all``; acknowledged at a flush every ``service.commit_interval_ms`` and whenever a poll returns
-nothing, when the metrics count them).
+:class:`~stream_anon.service.decoding.RecordDecoder` (same reasons), clipping out-of-domain numeric values into the
+schema's public domain (``side_paths.out_of_domain: clip``, :class:`~stream_anon.side.decoding.SideDecoder`);
+**commit the batch's offsets first**, then perturb it; if that changed a cumulative budget (the k-means stream
+budget, the per-person cap), **write the budget state to the internal compacted topic and wait for its
+acknowledgement** (:mod:`stream_anon.side.budget_store`); only then send the copies (JSON-encoded column-wise,
+keyed by the records' pseudonyms, sent in bulk), the estimates and the k-means releases it triggered
+(``acks=all``; acknowledged at a flush every ``service.commit_interval_ms`` and whenever a poll returns nothing,
+when the metrics count them).  At start the persisted budgets are restored; a state that exists but cannot be
+read stops the side paths with one line naming the topic (exit code 2).
 
 Why commit before publishing: a record consumed again after a crash would be randomized a second time with
 fresh noise, and two independent reports of the same value spend 2 eps, not the eps printed on them.
@@ -19,12 +24,15 @@ consumed again (seek back), or by the partition's new owner.
 
 Bad input: the main path already dead-letters every bad input message, so the side path only counts and
 skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
-true`` (side paths running without a main path) dead-letters them too.  Control messages (header
+true`` (side paths running without a main path) dead-letters them too, redacted like the main path's
+(:func:`~stream_anon.service.release.dead_letter_message`, ``dlq.payload``).  Control messages (header
 ``stream-anon-control: flush``, end of stream, one per input partition): once every assigned partition's
 latest message is such a control, a final round of estimates is published and a partial k-means window is
 released (if it holds at least ``kmeans.min_partial_window`` records).
 
-Estimates and the k-means window live in memory: after a restart they cover the records since the restart.
+Estimates and the k-means window live in memory: after a restart they cover the records since the restart.  The
+pseudonym key is ``release.secret`` (resolved once by the service's parent process); run standalone without one,
+a secret is generated for this run and a WARNING says that copies of different runs will not group.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +53,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
+from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     MessageRejectedError,
@@ -56,21 +64,22 @@ from stream_anon.service.kafka_io import (
     retry,
 )
 from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.pipeline import (
-    H_ERROR,
-    H_FIELD,
-    H_KIND,
-    H_REASON,
-    H_SRC_OFFSET,
-    H_SRC_PARTITION,
-    H_SRC_TOPIC,
-    OutputMessage,
-)
+from stream_anon.service.pipeline import H_KIND, OutputMessage
 from stream_anon.service.producer import OutputProducer, open_producer
-from stream_anon.side.config import SidePathConfigError
+from stream_anon.service.release import (
+    Pseudonymizer,
+    ReleaseOptions,
+    ReleaseSecret,
+    dead_letter_message,
+    resolve_secret,
+)
+from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
+from stream_anon.side.budgets import SideStateError
+from stream_anon.side.config import SidePathConfigError, budget_topic
+from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
-from stream_anon.side.processor import Out, SideEvent, SidePathProcessor
+from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +91,13 @@ class SideStatus:
     consumed: int = 0  # input messages consumed by the side group
     processed: int = 0  # valid records perturbed
     control: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, commit failures)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, person cap, commit failures)
+    clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
     published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
     epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
-    epsilon_per_record: dict[str, float] = field(default_factory=dict)
+    epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
+    epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
+    epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
     estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
     kmeans_windows: int = 0
     kmeans_refused: int = 0
@@ -99,8 +111,10 @@ class SideStatus:
     def summary(self) -> dict[str, Any]:
         """The totals as plain data (JSON, pickling across processes)."""
         return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
-                "published": dict(self.published), "epsilon_spent": dict(self.epsilon_spent),
-                "epsilon_per_record": dict(self.epsilon_per_record), "estimates": dict(self.estimates),
+                "clipped": dict(self.clipped), "published": dict(self.published),
+                "epsilon_spent": dict(self.epsilon_spent), "epsilon_per_record": dict(self.epsilon_per_record),
+                "epsilon_kmeans_window": self.epsilon_kmeans_window,
+                "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
                 "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
                 "control": self.control}
@@ -111,8 +125,10 @@ class _Decoded:
     """One polled batch of a partition, decoded (see :meth:`SidePathApp._decode`)."""
 
     segments: list[tuple[list[dict[str, Any]], bool]] = field(default_factory=lambda: [([], False)])
-    dlq: list[OutputMessage] = field(default_factory=list)
+    dlq: list[OutputMessage] = field(default_factory=list)  # dead letters (side_paths.dead_letter)
+    dlq_reasons: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)  # DLQ reasons of the bad input messages
+    clipped: list[str] = field(default_factory=list)  # attributes clipped (one entry per value)
     controls: int = 0
 
 
@@ -122,7 +138,11 @@ def side_group_id(cfg: Config) -> str:
 
 
 class SidePathApp:
-    """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code."""
+    """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code.
+
+    The cumulative budgets are per side consumer group (the state keys start with the group id): run ONE member per
+    group when a cumulative budget is configured (the service starts one).
+    """
 
     def __init__(self, cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
                  *, schema: Schema | None = None, status: SideStatus | None = None,
@@ -136,23 +156,47 @@ class SidePathApp:
         self.input_topic = cfg.topics.input
         self.group_id = side_group_id(cfg)
         self.status.group_id = self.group_id
-        self.processor = SidePathProcessor(self.side, self.schema, topics=self.topics, rng=rng)
+        self.secret: ReleaseSecret = resolve_secret(cfg.release.secret)
+        self.release = ReleaseOptions(secret=self.secret.text, dlq_payload=cfg.dlq.payload,
+                                      dlq_max_payload_bytes=cfg.service.dlq_max_bytes)
+        self.processor = SidePathProcessor(self.side, self.schema, topics=self.topics, rng=rng,
+                                           pseudonymize=Pseudonymizer(self.secret.value), scope=self.group_id)
         self.metrics = SideMetrics(metrics if metrics is not None else ServiceMetrics(CollectorRegistry()),
                                    self.processor, self.input_topic)
         self.status.epsilon_per_record = dict(self.processor.epsilon_per_record)
-        self.decoder = RecordDecoder(self.schema, cfg.service.max_message_bytes)
+        self.status.epsilon_kmeans_window = self.processor.epsilon_kmeans
+        self.status.epsilon_all_side_topics = self.processor.epsilon_all_topics
+        self.decoder = SideDecoder(self.schema, cfg.service.max_message_bytes, out_of_domain=self.side.out_of_domain)
+        self.budget_topic = BudgetTopic(cfg, budget_topic(self.side, self.input_topic)) \
+            if self.processor.budgets.persistent else None
+        self.budget_store: BudgetStore | None = self.budget_topic
         self._consumer: KafkaConsumer | None = None
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
         self._unacked_copies: list[CopyBatch] = []
         self._last_flush = time.monotonic()
+        self._next_refusal_log = 1  # person-cap refusals: WARNING at 1, 10, 100, ...
         self._flush_every = max(0.0, cfg.service.commit_interval_ms / 1000.0)
         t = self.topics
         self._per_record_topics = frozenset(self.processor.epsilon_per_record)
         self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
+
+    def startup_warnings(self) -> list[str]:
+        """Lines logged as WARNING at start: seeded noise, a generated pseudonym secret, the truth tracker."""
+        out = []
+        if self.side.seed is not None:
+            out.append(f"side_paths.seed is set ({self.side.seed}) with side_paths.allow_seeded_noise: every "
+                       f"perturbation of the side paths is reproducible by whoever knows the seed; tests and "
+                       f"benchmarks only")
+        if self.side.pseudonyms and self.secret.generated:
+            out.extend(ReleaseOptions().startup_warnings(secret_generated=True))
+        if not self.side.pseudonyms:
+            out.append("side_paths.pseudonyms is false: side copies carry no key and no id (each batch's copies of "
+                       "each topic in a random order); copies of one record cannot be grouped")
+        return out
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -162,15 +206,29 @@ class SidePathApp:
             log.info("side paths disabled (side_paths.enabled = false)")
             self.status.finished.set()
             return 0
+        for line in self.startup_warnings():
+            log.warning("side paths: %s", line)
         try:
             admin = connect_admin(cfg, on_retry=self.metrics.reconnect, stop=stop)
             t = self.topics
             # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
             wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
             counts = retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
+            topic = self.budget_topic
+            if topic is not None:
+                try:
+                    retry("create the budget topic", lambda: topic.ensure(admin), cfg, stop=stop)
+                except BudgetTopicError as e:
+                    admin.close()
+                    return self._failed_start(f"not started: {e}", 2)
             admin.close()
             self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
                                            stop=stop, label="side")
+            store = self.budget_store
+            if store is not None:
+                rc = self.restore_budgets(store, lambda: retry("read the budget state", store.load, cfg, stop=stop))
+                if rc:
+                    return rc
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
         except BrokerUnavailableError as e:
             return self._failed_start(str(e), 3)
@@ -179,10 +237,10 @@ class SidePathApp:
             return self._failed_start(repr(e), 1)
         self._consumer.subscribe([self.input_topic])
         self.metrics.budgets()
-        log.info("side paths: consuming %s as group %r -> %s; eps per record %s (all side topics %g)",
-                 self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
-                 {t: round(e, 6) for t, e in self.processor.epsilon_per_record.items()},
-                 self.processor.epsilon_all_topics)
+        p = self.processor
+        log.info("side paths: consuming %s as group %r -> %s; exact eps per record %s, k-means window %r, all side "
+                 "outputs %r", self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
+                 p.epsilon_per_record, p.epsilon_kmeans, p.epsilon_all_topics)
         self.status.ready.set()
         rc = 0
         try:
@@ -198,6 +256,27 @@ class SidePathApp:
         finally:
             self._shutdown()
         return rc
+
+    def restore_budgets(self, store: BudgetStore, load: Callable[[], dict[str, bytes]] | None = None) -> int:
+        """Restore the persisted budgets from ``store`` (``load``: how to read it, default ``store.load``); 0, or
+        2 after one ERROR line naming the store and the key when the state exists but cannot be read."""
+        state = (load or store.load)()
+        try:
+            self.processor.restore_budgets(state)
+        except SideStateError as e:
+            return self._failed_start(f"not started: {store.describe()}: {e}", 2)
+        log.info("side paths: budgets restored from %s (%d state records)%s", store.describe(), len(state),
+                 self._budget_text())
+        return 0
+
+    def _budget_text(self) -> str:
+        b = self.processor.budgets
+        parts = []
+        if b.kmeans is not None:
+            parts.append(f"; k-means stream budget {b.kmeans.spent:.6g} of {b.kmeans.total_epsilon:g} spent")
+        if b.person is not None:
+            parts.append(f"; per-person sketch: {b.person.n_spends} spends accepted, {b.person.n_refused} refused")
+        return "".join(parts)
 
     def _failed_start(self, error: str, rc: int) -> int:
         log.error("side paths: %s", error)
@@ -233,12 +312,15 @@ class SidePathApp:
                 d.segments[-1] = (d.segments[-1][0], True)
                 d.segments.append(([], False))
                 continue
-            rec = self.decoder.decode(r.value)
+            rec, clipped = self.decoder.decode(r.value)
             if isinstance(rec, DeadLetter):
                 d.bad.append(rec.reason)
                 if self.side.dead_letter:
                     d.dlq.append(self._dead_letter(partition, r, rec))
+                    d.dlq_reasons.append(rec.reason)
                 continue
+            if clipped:
+                d.clipped.extend(clipped)
             d.segments[-1][0].append(rec)
         return d
 
@@ -266,6 +348,9 @@ class SidePathApp:
         self.metrics.consumed(n)
         for reason in decoded.bad:
             self._skip(reason)
+        for attribute in decoded.clipped:
+            status.clipped[attribute] = status.clipped.get(attribute, 0) + 1
+            self.metrics.clipped(attribute)
         status.positions[tp.partition] = next_offset
         outputs: list[Out] = []
         copies: list[CopyBatch] = []
@@ -281,7 +366,11 @@ class SidePathApp:
                     copies.extend(b.copies)
                     outputs.extend(b.outputs)
                     events.extend(b.events)
-                    status.processed += len(records)
+                    for reason, count in b.skipped.items():
+                        self._skip(reason, count)
+                    if b.skipped.get(SKIP_PERSON_BUDGET):
+                        self._log_person_refusals()
+                    status.processed += len(records) - sum(b.skipped.values())
                 self._ended.discard(tp.partition)
             if flush_after:
                 self._ended.add(tp.partition)
@@ -291,9 +380,20 @@ class SidePathApp:
         if decoded.dlq:
             assert self._producer is not None
             self._producer.send(decoded.dlq)
-            for m in decoded.dlq:
-                self.metrics.dead_lettered(dict(m.headers)[H_REASON].decode())
+            for reason in decoded.dlq_reasons:
+                self.metrics.dead_lettered(reason)
         self._publish(outputs, tp.partition, copies, events)
+
+    def _log_person_refusals(self) -> None:
+        """A WARNING when the count of records refused by the per-person cap reaches 1, 10, 100, ... (never per
+        record; the metric counts every one)."""
+        n = self.status.skipped.get(SKIP_PERSON_BUDGET, 0)
+        if n >= self._next_refusal_log:
+            log.warning("side paths: %d record(s) so far got no side output: their person is over "
+                        "side_paths.person_budget.cap_epsilon = %g (each record spends %r)", n,
+                        self.side.person_budget.cap_epsilon, self.processor.epsilon_all_topics)
+            while self._next_refusal_log <= n:
+                self._next_refusal_log *= 10
 
     def _all_partitions_ended(self) -> bool:
         """True when every assigned input partition's latest message is an end-of-stream flush control."""
@@ -306,29 +406,35 @@ class SidePathApp:
         self.metrics.skipped(reason, count)
 
     def _dead_letter(self, partition: int, r: ConsumerRecord, dl: DeadLetter) -> OutputMessage:
-        headers: list[tuple[str, bytes]] = [(H_SRC_TOPIC, self.input_topic.encode()),
-                                            (H_SRC_PARTITION, str(partition).encode()),
-                                            (H_SRC_OFFSET, str(r.offset).encode()), (H_KIND, b"dlq"),
-                                            (H_REASON, dl.reason.encode()), (H_ERROR, dl.error.encode()[:2000])]
-        if dl.field is not None:
-            headers.append((H_FIELD, str(dl.field).encode()))
-        return OutputMessage("dlq", self.topics.dlq, partition, r.key, r.value or b"", tuple(headers))
+        """The dead letter of a bad input as the main path writes it: redacted by default (``dlq.payload``), no
+        headers."""
+        o = self.release
+        msg = dead_letter_message(input_topic=self.input_topic, partition=partition, offset=int(r.offset),
+                                  reason=dl.reason, field=dl.field, error=dl.error, value=r.value, key=r.key,
+                                  secret=self.secret.value, payload=o.dlq_payload,
+                                  max_payload_bytes=o.dlq_max_payload_bytes)
+        return OutputMessage("dlq", self.topics.dlq, partition, msg.key, msg.value)
 
     def _publish(self, outputs: list[Out], partition: int, copies: Sequence[CopyBatch] = (),
                  events: Sequence[SideEvent] = ()) -> None:
-        """Send the encoded per-record ``copies`` and ``outputs`` (acknowledged at the next :meth:`_flush`, which
-        also counts them in the metrics)."""
+        """Persist the budgets the batch changed (and wait for the acknowledgement), then send the encoded
+        per-record ``copies`` and ``outputs`` (acknowledged at the next :meth:`_flush`, which also counts them in
+        the metrics)."""
         proc = self.processor
         producer = self._producer
         assert producer is not None
+        updates = proc.take_budget_updates()
+        if updates:
+            assert self.budget_store is not None
+            self.budget_store.put(producer, updates)  # BEFORE the outputs that spent them
         events = [*events, *proc.drain_events()]
         for c in copies:
-            producer.send_values(c.topic, partition, list(map(str.encode, c.ids)), c.payloads,
-                                 self._copy_headers[c.topic])
+            producer.send_values(c.topic, partition, c.keys, c.payloads, self._copy_headers[c.topic])
         self._unacked_copies.extend(copies)
         if outputs:
             per_record = self._per_record_topics
-            producer.send([OutputMessage(self._kinds.get(topic, "side"), topic, partition, key.encode(),
+            producer.send([OutputMessage(self._kinds.get(topic, "side"), topic, partition,
+                                         None if key is None else key.encode(),
                                          encode_json(msg if topic in per_record else json_safe(msg)),
                                          self._headers[topic])
                            for topic, key, msg in outputs])
@@ -404,8 +510,9 @@ def run_side_paths(cfg: Config, metrics: ServiceMetrics | None = None, stop_even
     """Run the side paths until ``stop_event`` is set (call it in a thread: ``threading.Thread(target=
     run_side_paths, args=(cfg, metrics, stop_event))``).  Pass a :class:`SideStatus` to follow progress
     (``ready``, ``finished``, ``processed``, ``published``, ``estimates``).  Returns 0, or 3 when the broker is
-    unreachable, 1 on an unexpected error (logged; the main path is not affected).  The config was validated when
-    it was loaded (the side-path options included); a config built otherwise and found invalid here returns 2."""
+    unreachable, 1 on an unexpected error (logged; the main path is not affected), 2 when the persisted budget state
+    exists but cannot be read (one ERROR line naming the topic and the key).  The config was validated when it was
+    loaded (the side-path options included); a config built otherwise and found invalid here returns 2 too."""
     try:
         app = SidePathApp(cfg, metrics, stop_event, schema=schema, status=status, rng=rng)
     except ValueError as e:  # SidePathConfigError, PrivacyParameterError, SchemaError

@@ -6,26 +6,44 @@ service (at config load, before anything starts) and :class:`~stream_anon.side.p
 a bad option raises :class:`SidePathConfigError` (or the mechanism's ``PrivacyParameterError``) naming the option,
 the allowed values and the value.
 
-Epsilons: each attribute of a per-record topic spends the exact eps of its mechanism (``epsilon`` per attribute, or
-``record_epsilon`` split equally); one record's eps on a topic is their sum, and over all side topics the sum over
-topics (sequential composition, Dwork & Roth Thm 3.16).
+Epsilons are COMPUTED, never assumed: every attribute states the exact eps of its mechanism as configured
+(:func:`stream_anon.privacy.accounting.exact_epsilon`: from the mechanism's own output distribution in the
+arithmetic it runs in, rounded up), one record's eps on a topic is their sum, the k-means output adds the exact eps
+of the one window the record is in (replace-one windows of a fixed record count), and the record's total over all
+side outputs is the sum of those (sequential composition, Dwork & Roth Thm 3.16).  Sums are exact sums of the
+doubles rounded up (:func:`upper_sum`).  Caps (``<topic>.record_epsilon``, ``total_epsilon``,
+``person_budget.cap_epsilon``, ``kmeans.total_epsilon``) are compared with the relative tolerance
+:data:`~stream_anon.privacy.budget.RELATIVE_TOLERANCE` (k-RR and random substitution at a target of 1 state
+1.0000000000009: the float sampler's exact eps, rounded up).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
 
 from stream_anon.core.schema import Kind, Schema, adult_schema
+from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
+from stream_anon.privacy.budget import RELATIVE_TOLERANCE
+from stream_anon.privacy.discrete_laplace import fraction_upper
 from stream_anon.privacy.dp_kmeans import QuadTreeKMeans
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, gamma_for_epsilon
+
+OUT_OF_DOMAIN_MODES = ("clip", "skip")
+"""``side_paths.out_of_domain``: clip an out-of-domain numeric value into the schema's public domain, or skip the
+record (the main path dead-letters it either way)."""
+
+DEFAULT_EPSILON = 1.0
+"""eps per attribute when neither ``epsilon`` nor ``record_epsilon`` (nor, for random substitution, ``gamma``) is
+set."""
 
 
 class SidePathConfigError(ValueError):
@@ -35,28 +53,30 @@ class SidePathConfigError(ValueError):
 # ============================================================================================ options
 @dataclass(frozen=True)
 class KRRConfig:
-    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally."""
+    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (then
+    ``epsilon`` is not used)."""
 
     enabled: bool = True
     attributes: list[str] = field(
         default_factory=lambda: ["sex", "race", "marital-status", "relationship", "workclass"])
-    epsilon: float = 1.0
-    record_epsilon: float | None = None  # set: every attribute gets record_epsilon / len(attributes)
+    epsilon: float = DEFAULT_EPSILON
+    record_epsilon: float | None = None  # set: every attribute targets record_epsilon / len(attributes)
 
 
 @dataclass(frozen=True)
 class RSConfig:
     """Random substitution copies on ``adult.rs``.
 
-    ``epsilon`` is the exact eps per attribute (gamma derived: ``e^eps`` for l = 1, ``e^(eps/l)`` for
-    independent l-extended, bisection on the exact eps for ``no-repeat``); ``gamma`` overrides it and the
-    honest eps of that gamma is then reported.  ``l`` > 1: l-extended substitution, ``variant``
-    ``independent`` | ``no-repeat``.
+    Give at most one of ``epsilon`` (the target eps per attribute; gamma derived: ``e^eps`` for l = 1,
+    ``e^(eps/l)`` for independent l-extended, bisection on the exact eps for ``no-repeat``), ``record_epsilon``
+    (split equally over the attributes) or ``gamma`` (the matrix parameter itself; its exact eps is what is
+    stated and counted against the caps).  None of them: ``epsilon`` = 1.  ``l`` > 1: l-extended substitution,
+    ``variant`` ``independent`` | ``no-repeat``.
     """
 
     enabled: bool = True
     attributes: list[str] = field(default_factory=lambda: ["education", "occupation"])
-    epsilon: float = 1.0
+    epsilon: float | None = None  # None: 1.0 unless gamma or record_epsilon is set
     gamma: float | None = None
     l: int = 1  # noqa: E741
     variant: str = "independent"
@@ -65,24 +85,26 @@ class RSConfig:
 
 @dataclass(frozen=True)
 class BLapConfig:
-    """Bounded Laplace copies on ``adult.blap``: numeric ``attributes`` (schema public bounds) and
-    ``categorical_attributes`` through the discretized bounded Laplace (categories in schema order)."""
+    """Bounded Laplace copies on ``adult.blap``: numeric ``attributes`` on the schema's public domain (an exact
+    grid: the integer grid for integer attributes) and ``categorical_attributes`` through the discretized bounded
+    Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally."""
 
     enabled: bool = True
     attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week", "education-num"])
     categorical_attributes: list[str] = field(default_factory=lambda: ["income"])
-    epsilon: float = 1.0
+    epsilon: float = DEFAULT_EPSILON
     record_epsilon: float | None = None
-    snap_bits: int | None = None  # round outputs to 2^-snap_bits on [-1, 1] (Mironov 2012 mitigation)
     boundary_width: float = 0.1  # of the boundary-corrected mean estimator (normalized units)
 
 
 @dataclass(frozen=True)
 class KMeansConfig:
-    """Windowed DP k-means on ``adult.kmeans``: ``epsilon`` per tumbling window of ``window`` records.
+    """Windowed DP k-means on ``adult.kmeans``: target ``epsilon`` per tumbling window of ``window`` records
+    (replace-one neighbours: the window size is public); each release states the window's exact eps.
 
-    ``total_epsilon``: optional stream budget charged ``epsilon`` per window (use it when individuals recur
-    across windows); None = each record is in exactly one window (parallel composition).
+    ``total_epsilon``: optional stream budget charged each window's exact eps (use it when individuals recur
+    across windows); persisted, so a restart does not reset it.  None = each record is in exactly one window
+    (parallel composition).
     """
 
     enabled: bool = True
@@ -97,6 +119,18 @@ class KMeansConfig:
 
 
 @dataclass(frozen=True)
+class PersonBudgetConfig:
+    """Per-person eps cap for schemas with a person id: a keyed count-min sketch
+    (:class:`~stream_anon.privacy.person_budget.PersonBudgetSketch`, ``depth`` x ``width`` counters, 8 bytes each)
+    charged one record's total eps per record; a record whose person would exceed ``cap_epsilon`` gets no side
+    output at all.  Persisted with the other budgets."""
+
+    cap_epsilon: float | None = None  # None: no per-person cap
+    width: int = 1 << 18
+    depth: int = 4
+
+
+@dataclass(frozen=True)
 class SidePathConfig:
     """All side-path settings: the ``side_paths`` section of the service config."""
 
@@ -106,12 +140,17 @@ class SidePathConfig:
     rs: RSConfig = field(default_factory=RSConfig)
     blap: BLapConfig = field(default_factory=BLapConfig)
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
+    person_budget: PersonBudgetConfig = field(default_factory=PersonBudgetConfig)
     estimates_every: int = 5000  # records between two rounds of estimates (0 = only at flush/timer)
     estimates_every_seconds: float | None = 60.0  # also publish after this long with new records
-    total_epsilon: float | None = None  # cap on one record's eps summed over all side topics (None = no cap)
+    total_epsilon: float | None = None  # cap on one record's eps summed over all side outputs (None = no cap)
+    pseudonyms: bool = True  # copies keyed by HMAC(release.secret, record id); false: no key, no id, shuffled
+    out_of_domain: str = "clip"  # clip | skip: numeric values outside the schema's public domain
+    budget_topic: str | None = None  # internal compacted topic of the cumulative budgets; None: "<input>.side-budget"
     truth: bool = False  # exact statistics beside the estimates (NOT private: demo/testing only)
     dead_letter: bool = False  # also dead-letter bad input (off: the main path already does; count + skip)
-    seed: int | None = None  # None = OS entropy
+    seed: int | None = None  # noise seed: refused unless allow_seeded_noise (tests and benchmarks only)
+    allow_seeded_noise: bool = False  # true: accept `seed` (reproducible noise; logged as a WARNING at start)
 
     def check(self, schema: Schema | None = None) -> SidePlan:
         """Validate against ``schema`` (default ADULT): the plan, or :class:`SidePathConfigError` (or the
@@ -163,6 +202,12 @@ class SideTopics:
         return {"krr": self.krr, "rs": self.rs, "blap": self.blap}
 
 
+def budget_topic(config: SidePathConfig, input_topic: str) -> str:
+    """The internal compacted topic of the side paths' cumulative budgets: ``side_paths.budget_topic``, else
+    ``<input>.side-budget``."""
+    return config.budget_topic or f"{input_topic}.side-budget"
+
+
 # ============================================================================================ validation
 Role = Literal["krr", "rs", "blap"]
 """A per-record side topic: k-RR, random substitution, bounded Laplace."""
@@ -179,36 +224,38 @@ class CategoricalPlan:
     attribute: str
     categories: list[str]
     mech: CategoricalMechanism
-    epsilon: float  # the mechanism's exact eps
+    epsilon: float  # the mechanism's exact eps (accounting.exact_epsilon, rounded up)
     reports_per_record: int = 1
 
 
 @dataclass(frozen=True)
 class NumericPlan:
-    """One numeric attribute through the bounded Laplace on its public domain."""
+    """One numeric attribute through the bounded Laplace on its public domain (exact grid)."""
 
     attribute: str
     mech: BoundedLaplace
     boundary_width: float
-
-    @property
-    def epsilon(self) -> float:
-        return float(self.mech.epsilon)
+    epsilon: float  # exact (accounting.exact_epsilon)
 
 
 @dataclass(frozen=True)
 class KMeansPlan:
-    """The windowed DP k-means output: attributes and their public box."""
+    """The windowed DP k-means output: attributes, their public box and the exact eps of one window (replace-one,
+    as :class:`~stream_anon.privacy.dp_kmeans.QuadTreeKMeans` computes it from the noise it samples)."""
 
     attributes: list[str]
     lower: np.ndarray
     upper: np.ndarray
+    epsilon: float  # one window, exact (tree + leaf counts, rounded up)
+    epsilon_tree: float
+    epsilon_counts: float
 
 
 @dataclass(frozen=True)
 class SidePlan:
-    """Which mechanism runs on which attribute (mechanisms built with the given generator), and the eps one record
-    spends per per-record topic (``epsilon_per_role``) and over all of them (``epsilon_all``)."""
+    """Which mechanism runs on which attribute (mechanisms built with the given generator) and the exact eps one
+    record spends: per per-record topic (``epsilon_per_role``), through the k-means window it is in
+    (``epsilon_kmeans``, 0 without k-means) and over all side outputs (``epsilon_all``)."""
 
     krr: list[CategoricalPlan]
     rs: list[CategoricalPlan]
@@ -217,6 +264,21 @@ class SidePlan:
     kmeans: KMeansPlan | None
     epsilon_per_role: dict[Role, float]
     epsilon_all: float
+
+    @property
+    def epsilon_kmeans(self) -> float:
+        return self.kmeans.epsilon if self.kmeans is not None else 0.0
+
+
+def upper_sum(values: Iterable[float]) -> float:
+    """The exact sum of the doubles ``values`` rounded UP to a double (so a stated total is never below the sum
+    of its parts)."""
+    return fraction_upper(sum((Fraction(v) for v in values), Fraction(0)))
+
+
+def exceeds(value: float, cap: float) -> bool:
+    """``value > cap`` beyond the relative tolerance every budget uses (:data:`RELATIVE_TOLERANCE`)."""
+    return value > cap * (1.0 + RELATIVE_TOLERANCE)
 
 
 def _err(option: str, allowed: str, value: Any) -> SidePathConfigError:
@@ -230,7 +292,7 @@ def _positive(option: str, value: Any) -> float:
 
 
 def _split(option: str, per_attribute: float, record_epsilon: float | None, n: int) -> float:
-    """eps per attribute: ``record_epsilon / n`` when a per-record budget is split, else ``per_attribute``."""
+    """Target eps per attribute: ``record_epsilon / n`` when a per-record budget is split, else ``per_attribute``."""
     if record_epsilon is None:
         return _positive(f"{option}.epsilon", per_attribute)
     return _positive(f"{option}.record_epsilon", record_epsilon) / max(n, 1)
@@ -252,25 +314,77 @@ def _public_bounds(schema: Schema, option: str, name: str) -> tuple[float, float
     return float(attr.lo), float(attr.hi)
 
 
+def _fmt(eps: float) -> str:
+    return repr(float(eps))
+
+
 def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Generator) -> SidePlan:
-    """Check every side-path option against ``schema`` and build the mechanisms (drawing from ``rng``)."""
+    """Check every side-path option against ``schema``, build the mechanisms (drawing from ``rng``), compute the
+    exact eps of each and refuse a configuration whose sums exceed a cap (the error names the option and the exact
+    values)."""
+    _check_general(config, schema)
     krr = _plan_krr(config.krr, schema, rng)
     rs = _plan_rs(config.rs, schema, rng)
     blap_num, blap_cat = _plan_blap(config.blap, schema, rng)
     per_role: dict[Role, float] = {}
-    roles: tuple[tuple[Role, list[float]], ...] = (
-        ("krr", [p.epsilon for p in krr]), ("rs", [p.epsilon for p in rs]),
-        ("blap", [p.epsilon for p in blap_num] + [p.epsilon for p in blap_cat]))
-    for role, epsilons in roles:
-        if epsilons:
-            per_role[role] = math.fsum(epsilons)
-    eps_all = math.fsum(per_role.values())
-    if config.total_epsilon is not None and \
-            eps_all > _positive("total_epsilon", config.total_epsilon) * (1 + 1e-9):
-        detail = ", ".join(f"{role}: {e:g}" for role, e in per_role.items())
-        raise _err("total_epsilon", f"at least the eps one record spends over all side topics ({eps_all:g} = {detail})",
-                   config.total_epsilon)
-    return SidePlan(krr, rs, blap_num, blap_cat, _plan_kmeans(config.kmeans, schema, rng), per_role, eps_all)
+    roles: tuple[tuple[Role, list[float], float | None], ...] = (
+        ("krr", [p.epsilon for p in krr], config.krr.record_epsilon),
+        ("rs", [p.epsilon for p in rs], config.rs.record_epsilon),
+        ("blap", [p.epsilon for p in blap_num] + [p.epsilon for p in blap_cat], config.blap.record_epsilon))
+    for role, epsilons, cap in roles:
+        if not epsilons:
+            continue
+        per_role[role] = total = upper_sum(epsilons)
+        if cap is not None and exceeds(total, cap):
+            raise _err(f"{role}.record_epsilon", f"at least the exact eps one record spends on the topic ("
+                       f"{_fmt(total)} = " + " + ".join(_fmt(e) for e in epsilons) + ")", cap)
+    kmeans = _plan_kmeans(config.kmeans, schema, rng)
+    parts = [*per_role.values(), *([kmeans.epsilon] if kmeans is not None else [])]
+    eps_all = upper_sum(parts) if parts else 0.0
+    if config.total_epsilon is not None:
+        cap = _positive("total_epsilon", config.total_epsilon)
+        if exceeds(eps_all, cap):
+            detail = ", ".join([f"{role}: {_fmt(e)}" for role, e in per_role.items()]
+                               + ([f"kmeans (one window): {_fmt(kmeans.epsilon)}"] if kmeans is not None else []))
+            raise _err("total_epsilon", f"at least the exact eps one record spends over all side outputs "
+                       f"({_fmt(eps_all)} = {detail})", config.total_epsilon)
+    pb = config.person_budget
+    if pb.cap_epsilon is not None:
+        cap = _positive("person_budget.cap_epsilon", pb.cap_epsilon)
+        if schema.person_id is None:
+            raise _err("person_budget.cap_epsilon", f"null for schema {schema.name!r}, which declares no person_id "
+                       f"(a per-person cap needs the person id field)", pb.cap_epsilon)
+        if exceeds(eps_all, cap):
+            raise _err("person_budget.cap_epsilon", f"at least the exact eps of one record over all side outputs "
+                       f"({_fmt(eps_all)})", pb.cap_epsilon)
+        for name, value, lo, hi in (("width", pb.width, 16, 1 << 30), ("depth", pb.depth, 1, 16)):
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise _err(f"person_budget.{name}", f"an integer in [{lo}, {hi}]", value)
+    return SidePlan(krr, rs, blap_num, blap_cat, kmeans, per_role, eps_all)
+
+
+def _check_general(config: SidePathConfig, schema: Schema) -> None:
+    if config.out_of_domain not in OUT_OF_DOMAIN_MODES:
+        raise _err("out_of_domain", " or ".join(repr(m) for m in OUT_OF_DOMAIN_MODES), config.out_of_domain)
+    for name in ("pseudonyms", "allow_seeded_noise", "truth", "dead_letter"):
+        if not isinstance(getattr(config, name), bool):
+            raise _err(name, "true or false", getattr(config, name))
+    if config.seed is not None:
+        if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
+            raise _err("seed", "null or an integer >= 0", config.seed)
+        if not config.allow_seeded_noise:
+            raise _err("seed", "null: a noise seed makes every perturbation reproducible by whoever reads the "
+                       "configuration (set side_paths.allow_seeded_noise: true for tests and benchmarks only)",
+                       config.seed)
+    if config.budget_topic is not None and (not isinstance(config.budget_topic, str) or not config.budget_topic):
+        raise _err("budget_topic", "null or a topic name", config.budget_topic)
+    if config.pseudonyms and schema.record_id is None:
+        raise _err("pseudonyms", f"false for schema {schema.name!r}, which declares no record_id (a pseudonym is "
+                   f"derived from the record id)", config.pseudonyms)
+
+
+def _exact(mech: Any) -> float:
+    return float(exact_epsilon(mech))
 
 
 def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
@@ -281,7 +395,7 @@ def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[Ca
     for a in k.attributes:
         cats = _categories(schema, "krr.attributes", a)
         m = KRandomizedResponse(epsilon=eps, categories=cats, rng=rng)
-        out.append(CategoricalPlan("krr", "krr", a, cats, m, float(m.epsilon)))
+        out.append(CategoricalPlan("krr", "krr", a, cats, m, _exact(m)))
     return out
 
 
@@ -292,12 +406,19 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
         raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
     if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
         raise _err("rs.l", "an integer >= 1", r.l)
-    eps_target = _split("rs", r.epsilon, r.record_epsilon, len(r.attributes))
+    given = [name for name, v in (("rs.epsilon", r.epsilon), ("rs.record_epsilon", r.record_epsilon),
+                                  ("rs.gamma", r.gamma)) if v is not None]
+    if len(given) > 1:
+        raise _err(given[-1], f"null when {given[0]} is set (give one of rs.epsilon, rs.record_epsilon, rs.gamma: "
+                   f"the exact eps of the resulting gamma is what is stated)", getattr(r, given[-1].split(".")[1]))
+    gamma_fixed = None if r.gamma is None else _positive("rs.gamma", r.gamma)
+    eps_target = 0.0 if gamma_fixed is not None else _split(
+        "rs", r.epsilon if r.epsilon is not None else DEFAULT_EPSILON, r.record_epsilon, len(r.attributes))
     name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
     out = []
     for a in r.attributes:
         cats = _categories(schema, "rs.attributes", a)
-        gamma = float(r.gamma) if r.gamma is not None else \
+        gamma = gamma_fixed if gamma_fixed is not None else \
             gamma_for_epsilon(len(cats), eps_target, r.l, r.variant)  # type: ignore[arg-type]
         mech: RandomSubstitution | LExtendedSubstitution
         if r.l == 1:
@@ -305,7 +426,7 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
         else:
             mech = LExtendedSubstitution(categories=cats, gamma=gamma, l=r.l, variant=r.variant,  # type: ignore[arg-type]
                                          rng=rng)
-        out.append(CategoricalPlan("rs", name, a, cats, mech, float(mech.epsilon), reports_per_record=r.l))
+        out.append(CategoricalPlan("rs", name, a, cats, mech, _exact(mech), reports_per_record=r.l))
     return out
 
 
@@ -317,14 +438,21 @@ def _plan_blap(b: BLapConfig, schema: Schema,
     numeric = []
     for a in b.attributes:
         lo, hi = _public_bounds(schema, "blap.attributes", a)
-        numeric.append(NumericPlan(a, BoundedLaplace(epsilon=eps, lower=lo, upper=hi, snap_bits=b.snap_bits, rng=rng),
-                                   b.boundary_width))
+        m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=schema[a].integer, rng=rng)
+        numeric.append(NumericPlan(a, m, b.boundary_width, _exact(m)))
     categorical = []
     for a in b.categorical_attributes:
         cats = _categories(schema, "blap.categorical_attributes", a)
         mc = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=rng)
-        categorical.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, float(mc.epsilon)))
+        categorical.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, _exact(mc)))
     return numeric, categorical
+
+
+def kmeans_mechanism(k: KMeansConfig, lower: np.ndarray, upper: np.ndarray,
+                     rng: np.random.Generator) -> QuadTreeKMeans:
+    """The mechanism of one k-means window as the side paths configure it (replace-one neighbours)."""
+    return QuadTreeKMeans(n_clusters=k.n_clusters, epsilon=k.epsilon, bounds=(lower, upper), gamma=k.gamma,
+                          variant=k.variant, neighbouring="replace", rng=rng)  # type: ignore[arg-type]
 
 
 def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> KMeansPlan | None:
@@ -337,11 +465,12 @@ def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> K
         raise _err("kmeans.window", f"an integer >= max(2, n_clusters={k.n_clusters})", k.window)
     if k.variant not in ("quad", "uniquad"):
         raise _err("kmeans.variant", "'quad' or 'uniquad'", k.variant)
-    if k.total_epsilon is not None:
-        _positive("kmeans.total_epsilon", k.total_epsilon)
+    _positive("kmeans.epsilon", k.epsilon)
     lower = np.array([lo for lo, _ in bounds], dtype=np.float64)
     upper = np.array([hi for _, hi in bounds], dtype=np.float64)
-    # the mechanism validates n_clusters, gamma and the box
-    QuadTreeKMeans(n_clusters=k.n_clusters, epsilon=_positive("kmeans.epsilon", k.epsilon), bounds=(lower, upper),
-                   gamma=k.gamma, variant=k.variant, rng=rng)  # type: ignore[arg-type]
-    return KMeansPlan(list(k.attributes), lower, upper)
+    km = kmeans_mechanism(k, lower, upper, rng)  # validates n_clusters, gamma and the box
+    window_eps = _exact(km)
+    if k.total_epsilon is not None and exceeds(window_eps, _positive("kmeans.total_epsilon", k.total_epsilon)):
+        raise _err("kmeans.total_epsilon", f"at least the exact eps of one window ({_fmt(window_eps)})",
+                   k.total_epsilon)
+    return KMeansPlan(list(k.attributes), lower, upper, window_eps, float(km.epsilon_tree), float(km.epsilon_counts))

@@ -1,7 +1,7 @@
 """JSON encoding of the side messages.
 
 The per-record copies are built column-wise: one ``%``-template per (topic, attributes) holds the constant parts
-(mechanism, eps), and each record's id and reported values, already JSON text, fill its slots.  The bytes are
+(mechanism, eps), and each record's pseudonym and reported values, already JSON text, fill its slots.  The bytes are
 exactly ``json.dumps(copy, separators=(",", ":"))`` of the copy as a dict (``tests/test_side_processor.py`` checks
 it byte for byte), at a fraction of the cost.
 """
@@ -18,42 +18,48 @@ from typing import Any
 
 @dataclass
 class CopyBatch:
-    """The per-record copies of one batch on one topic, encoded: ``payloads[i]`` is the message of record ``ids[i]``
-    (its key); every copy spent ``epsilon_total``."""
+    """The per-record copies of one batch on one topic, encoded: ``payloads[i]`` is one record's message and
+    ``keys[i]`` its Kafka key (the record's pseudonym, or None without pseudonyms, when the copies are also in a
+    random order); every copy spent ``epsilon_total``."""
 
     topic: str
-    ids: list[str]
+    keys: list[bytes | None]
     payloads: list[bytes]
     epsilon_total: float
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.payloads)
 
 
-def copy_dict(record_id: str, mechanism: str, values: Mapping[str, Any], epsilon: Mapping[str, float],
+def copy_dict(pseudonym: str | None, mechanism: str, values: Mapping[str, Any], epsilon: Mapping[str, float],
               epsilon_total: float, epsilon_all_side_topics: float) -> dict[str, Any]:
-    """One per-record copy: the record id, the mechanism, the reported value and the eps of each attribute, their sum
-    (``epsilon_total``) and the record's eps over all side topics."""
-    return {"id": record_id, "mechanism": mechanism, "values": dict(values), "epsilon": dict(epsilon),
+    """One per-record copy: the record's pseudonym (``id``; left out when None), the mechanism, the reported value
+    and the exact eps of each attribute, their sum (``epsilon_total``) and the record's exact eps over all side
+    outputs (``epsilon_all_side_topics``)."""
+    head: dict[str, Any] = {} if pseudonym is None else {"id": pseudonym}
+    return {**head, "mechanism": mechanism, "values": dict(values), "epsilon": dict(epsilon),
             "epsilon_total": epsilon_total, "epsilon_all_side_topics": epsilon_all_side_topics}
 
 
 def copy_template(mechanism: str, epsilon: Mapping[str, float], epsilon_total: float,
-                  epsilon_all_side_topics: float) -> str:
-    """``%``-template of :func:`copy_dict`'s JSON: a slot for the id and one per attribute (in ``epsilon``'s order),
-    the constants inline."""
+                  epsilon_all_side_topics: float, *, with_id: bool = True) -> str:
+    """``%``-template of :func:`copy_dict`'s JSON: a slot for the id (``with_id``) and one per attribute (in
+    ``epsilon``'s order), the constants inline."""
 
     def dumps(x: Any) -> str:
         return json.dumps(x, separators=(",", ":"), allow_nan=False).replace("%", "%%")
 
     slots = ",".join(f"{dumps(a)}:%s" for a in epsilon)
-    return ('{"id":%s,"mechanism":' + dumps(mechanism) + ',"values":{' + slots + '},"epsilon":' + dumps(dict(epsilon))
-            + ',"epsilon_total":' + dumps(epsilon_total) + ',"epsilon_all_side_topics":'
-            + dumps(epsilon_all_side_topics) + "}")
+    return ("{" + ('"id":%s,' if with_id else "") + '"mechanism":' + dumps(mechanism) + ',"values":{' + slots
+            + '},"epsilon":' + dumps(dict(epsilon)) + ',"epsilon_total":' + dumps(epsilon_total)
+            + ',"epsilon_all_side_topics":' + dumps(epsilon_all_side_topics) + "}")
 
 
-def fill_copies(template: str, ids: Sequence[str], fragments: Sequence[Sequence[str]]) -> list[bytes]:
-    """Each record's copy: ``template`` filled with its id (as a JSON string) and its column fragments."""
+def fill_copies(template: str, ids: Sequence[str] | None, fragments: Sequence[Sequence[str]]) -> list[bytes]:
+    """Each record's copy: ``template`` filled with its id (as a JSON string; ``ids`` None for a template
+    without id) and its column fragments."""
+    if ids is None:
+        return [(template % row).encode() for row in zip(*fragments, strict=True)]
     id_json = list(map(json_string, ids))
     return [(template % row).encode() for row in zip(id_json, *fragments, strict=True)]
 

@@ -1,7 +1,9 @@
 """The side paths' metrics: the only side-path code that touches Prometheus.
 
 The metrics themselves are defined once, with the service's, in :class:`stream_anon.service.metrics.ServiceMetrics`;
-this module updates them from what the side app acknowledged.
+this module updates them from what the side app acknowledged (:class:`SideMetrics`), and :func:`side_registry`
+gives the registry the side-path process exports: the side paths' metrics only (the main path's gauges would be
+exported there at 0 otherwise).
 """
 
 from __future__ import annotations
@@ -9,9 +11,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
+from stream_anon.core.schema import Kind
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.side.encoding import CopyBatch
 from stream_anon.side.processor import Out, SidePathProcessor
+
+SIDE_METRICS = ("side_records_consumed", "side_records_skipped", "side_values_clipped", "side_records_published",
+                "side_outputs_refused", "epsilon_spent", "epsilon_budget_total", "epsilon_budget_remaining",
+                "estimate_standard_error", "estimate_abs_error", "records_dead_lettered", "produce_errors",
+                "broker_reconnects")
+"""The :class:`ServiceMetrics` attributes the side paths update (and export from their own process)."""
+
+
+def side_registry(metrics: ServiceMetrics) -> CollectorRegistry:
+    """A registry with only the side paths' collectors of ``metrics`` (for the side-path process's endpoint)."""
+    registry = CollectorRegistry()
+    for name in SIDE_METRICS:
+        registry.register(getattr(metrics, name))
+    return registry
 
 
 class SideMetrics:
@@ -21,12 +40,19 @@ class SideMetrics:
         self.m = metrics
         self.processor = processor
         self.input_topic = input_topic
+        for a in processor.schema.attributes:  # a series per clippable attribute from the start (0 until clipped)
+            if a.kind is Kind.NUMERIC and a.lo is not None and a.hi is not None:
+                metrics.side_values_clipped.labels(topic=input_topic, attribute=a.name)
 
     def consumed(self, n: int) -> None:
         self.m.side_records_consumed.labels(topic=self.input_topic).inc(n)
 
     def skipped(self, reason: str, n: int = 1) -> None:
         self.m.side_records_skipped.labels(topic=self.input_topic, reason=reason).inc(n)
+
+    def clipped(self, attribute: str, n: int = 1) -> None:
+        """Out-of-domain values of ``attribute`` clipped into the public domain (``side_paths.out_of_domain``)."""
+        self.m.side_values_clipped.labels(topic=self.input_topic, attribute=attribute).inc(n)
 
     def dead_lettered(self, reason: str) -> None:
         self.m.records_dead_lettered.labels(reason=reason).inc()

@@ -6,20 +6,37 @@ For every input record :class:`SidePathProcessor` publishes perturbed copies:
   categorical attributes, ``p = e^eps / (e^eps + k - 1)``;
 * ``adult.rs``: FRAPP random substitution (Agrawal & Haritsa 2005) with ``gamma = e^eps``, or its
   l-extended form (Kang, Lee & Hong 2009, ``l`` reports per attribute, exact eps of the variant);
-* ``adult.blap``: bounded Laplace on [-1, 1] after normalizing with the schema's PUBLIC bounds (Holohan et al.
-  2020; KR 10-2456177) for numeric attributes, and the discretized bounded Laplace for the configured
-  ordinal/categorical attributes.
+* ``adult.blap``: bounded Laplace on the public grid of each numeric attribute's schema domain (Holohan et al.
+  2020; KR 10-2456177; the integer grid for integer attributes) and the discretized bounded Laplace for the
+  configured ordinal/categorical attributes.
 
-Every message carries the eps each attribute spent and their sum (sequential composition, Dwork & Roth
-Thm 3.16), or the equal split of a configured per-record budget.  Server-side aggregators keep only report
-histograms and running moments (bounded state) and every ``estimates_every`` records (or
-``estimates_every_seconds``) publish ``adult.estimates``: unbiased frequency estimates with standard errors
-(k-RR / RS / discretized bounded Laplace) and boundary-corrected debiased means with standard errors
-(bounded Laplace).  Estimates are post-processing of the reports: they spend no additional eps.
-``adult.kmeans`` releases DP k-means centroids (QuadkDP / UniQuadkDP, Goo et al. 2018) of each tumbling window
-of ``window`` records on two numeric attributes in their public box, spending the window's eps; an optional
-stream budget (``kmeans.total_epsilon``) is charged per window and, once exhausted, stops that output with an
-error log and an event (never silently).
+Every copy carries, all COMPUTED from the mechanisms as configured (:mod:`stream_anon.privacy.accounting`) and
+rounded up: the exact eps of each attribute, their sum (``epsilon_total``, sequential composition, Dwork & Roth
+Thm 3.16) and the record's total over all side outputs (``epsilon_all_side_topics``: the three topics plus the exact
+eps of the k-means window the record is in).  A copy's key and ``id`` are the record's keyed pseudonym
+(HMAC-SHA256 of the record id under ``release.secret``, :class:`~stream_anon.service.release.Pseudonymizer`), never
+the record id; with ``pseudonyms: false`` there is no key and no ``id``, and each batch's copies of each topic are
+published in an independent random order (drawn from the noise generator), so that positions do not join them
+across topics.  Grouping one record's copies (by pseudonym, or by position) composes their eps: the per-record
+total.
+
+Server-side aggregators keep only report histograms and running moments (bounded state) and every
+``estimates_every`` records (or ``estimates_every_seconds``) publish ``adult.estimates``: unbiased frequency
+estimates with standard errors (k-RR / RS / discretized bounded Laplace) and boundary-corrected debiased means with
+standard errors (bounded Laplace).  Estimates are post-processing of the reports: they spend no additional eps.
+``adult.kmeans`` releases DP k-means centroids (QuadkDP / UniQuadkDP, Goo et al. 2018) of each tumbling window of
+``window`` records in the schema's public box, calibrated for replace-one neighbours (the window size is public)
+and stating the window's exact eps; an optional stream budget (``kmeans.total_epsilon``) is charged per window and,
+once exhausted, stops that output with an error log and an event (never silently).
+
+Cumulative budgets (the k-means stream budget, the per-person cap of ``person_budget.cap_epsilon`` for schemas with
+a person id) live in :class:`~stream_anon.side.budgets.SideBudgets`: :meth:`SidePathProcessor.take_budget_updates`
+gives their changed state, which the shell persists BEFORE it publishes the batch's outputs, and
+:meth:`SidePathProcessor.restore_budgets` loads it at start.  A record whose person would exceed the cap gets no
+side output at all (counted in ``skipped``).
+
+All noise (and the shuffle) comes from one injected generator: ChaCha20 keyed from OS entropy by default
+(:func:`~stream_anon.privacy.base.crypto_rng`); a seed only in tests and benchmarks.
 
 The optional truth tracker (``truth: true``; demo and tests only: it is NOT private) computes the exact
 statistics so that each estimate message also carries its actual error.
@@ -37,17 +54,30 @@ from typing import Any
 import numpy as np
 
 from stream_anon.core.schema import Schema, adult_schema
-from stream_anon.privacy.base import secure_rng
-from stream_anon.privacy.budget import BudgetAccountant, BudgetExhaustedError, WindowedBudget
-from stream_anon.privacy.dp_kmeans import QuadTreeKMeans, nicv
+from stream_anon.privacy.accounting import exact_epsilon
+from stream_anon.privacy.base import crypto_rng
+from stream_anon.privacy.budget import BudgetExhaustedError, BudgetSpend, WindowedBudget
+from stream_anon.privacy.dp_kmeans import nicv
+from stream_anon.side.budgets import SideBudgets
 from stream_anon.side.channels import CategoricalChannel, Channel, NumericChannel, TruthTracker
-from stream_anon.side.config import SidePathConfig, SideTopics, plan_side_paths
+from stream_anon.side.config import (
+    SidePathConfig,
+    SidePathConfigError,
+    SideTopics,
+    kmeans_mechanism,
+    plan_side_paths,
+)
 from stream_anon.side.encoding import CopyBatch, copy_dict, copy_template, fill_copies
 
 log = logging.getLogger(__name__)
 
-Out = tuple[str, str, dict[str, Any]]
-"""One side message: (topic, key, JSON-ready value)."""
+Out = tuple[str, str | None, dict[str, Any]]
+"""One side message: (topic, key or None, JSON-ready value)."""
+
+SKIP_PERSON_BUDGET = "person_budget"
+"""Skip reason of a record whose person would exceed ``person_budget.cap_epsilon``."""
+SKIP_BAD_PERSON_ID = "bad_person_id"
+"""Skip reason of a record whose person id is neither an integer nor a non-empty string (the cap cannot count it)."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +94,17 @@ class SideEvent:
 @dataclass
 class SideBatch:
     """What one batch of records produced: the encoded per-record ``copies`` (one :class:`CopyBatch` per
-    per-record topic), the other ``outputs`` (k-means releases, then estimates) and the ``events``."""
+    per-record topic), the other ``outputs`` (k-means releases, then estimates), the ``events`` and the records
+    ``skipped`` by reason (the per-person cap)."""
 
     copies: list[CopyBatch] = field(default_factory=list)
     outputs: list[Out] = field(default_factory=list)
     events: list[SideEvent] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def _is_person_id(value: Any) -> bool:
+    return (type(value) is int) or (type(value) is str and value != "")
 
 
 class SidePathProcessor:
@@ -77,21 +113,28 @@ class SidePathProcessor:
     ``process_batch(records)`` returns ``[(topic, key, message), ...]``; ``process_batch_encoded(records)`` the
     same with the copies JSON-encoded (a :class:`SideBatch`).  Every mechanism runs once per attribute per batch
     over the whole column.  Records must already be validated (the side app decodes them with the main path's
-    decoder).  ``rng``: a ``numpy.random.Generator`` (or int seed); default ``config.seed``, else OS entropy.
-    ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases, budget exhaustion) collect
-    until :meth:`drain_events` (``process_batch_encoded`` drains them into its batch).
+    decoder, :class:`~stream_anon.side.decoding.SideDecoder`).
+
+    ``rng``: a ``numpy.random.Generator`` (or an int seed: a reproducible ChaCha20 stream, tests only); default
+    ``config.seed`` (refused at config load unless ``allow_seeded_noise``), else ChaCha20 from OS entropy.
+    ``pseudonymize``: record id -> pseudonym, required with ``pseudonyms`` on (the side app passes
+    ``stream_anon.service.release.Pseudonymizer(release secret)``; this module stays pure).  ``scope``: prefix of the
+    budget state keys
+    (the side consumer group).  ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases,
+    budget exhaustion) collect until :meth:`drain_events` (``process_batch_encoded`` drains them into its batch).
     """
 
     def __init__(self, config: SidePathConfig | Mapping[str, Any] | None = None, schema: Schema | None = None, *,
                  topics: SideTopics | None = None, rng: np.random.Generator | int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 pseudonymize: Callable[[Any], str] | None = None, scope: str = "side") -> None:
         self.config = cfg = SidePathConfig.coerce(config)
         self.schema = schema if schema is not None else adult_schema()
         self.topics = topics if topics is not None else SideTopics()
-        self.rng = secure_rng(rng if rng is not None else cfg.seed)
+        self.rng = crypto_rng(rng if rng is not None else cfg.seed)
         self.clock = clock
         self.record_id_field = self.schema.record_id or "id"
-        plan = plan_side_paths(cfg, self.schema, self.rng)
+        plan = self.plan = plan_side_paths(cfg, self.schema, self.rng)
         t = self.topics
         self.krr = [CategoricalChannel(t.krr, p) for p in plan.krr]
         self.rs = [CategoricalChannel(t.rs, p) for p in plan.rs]
@@ -99,20 +142,31 @@ class SidePathProcessor:
         self.blap_cat = [CategoricalChannel(t.blap, p) for p in plan.blap_categorical]
         topic_of = t.per_record()
         self.epsilon_per_record: dict[str, float] = {topic_of[r]: e for r, e in plan.epsilon_per_role.items()}
-        self.epsilon_all_topics = plan.epsilon_all
+        self.epsilon_kmeans = plan.epsilon_kmeans  # what a record spends through its k-means window
+        self.epsilon_all_topics = plan.epsilon_all  # one record's exact eps over all side outputs
         rs_name = "rs" if cfg.rs.l == 1 else f"rs-l/{cfg.rs.variant}"
         self._mechanism_of = {t.krr: "krr", t.rs: rs_name, t.blap: "blap"}
         self._templates: dict[str, str] = {}
         self._events: list[SideEvent] = []
+        self._skipped: dict[str, int] = {}  # this batch's skipped records (drained into its SideBatch)
+        self.skipped: dict[str, int] = {}  # all skipped records, by reason
         self.records_processed = 0
         self.estimate_rounds = 0
         self._since_estimates = 0
         self._last_estimates_at = clock()
+        if cfg.pseudonyms and pseudonymize is None:
+            raise SidePathConfigError("side paths: side_paths.pseudonyms is true but no pseudonym function was given "
+                                      "(pass pseudonymize=Pseudonymizer(release secret))")
+        self.pseudonym = pseudonymize if cfg.pseudonyms else None
+        pb = cfg.person_budget
+        self.person_field = self.schema.person_id if pb.cap_epsilon is not None else None
+        self.budgets = SideBudgets(scope=scope, kmeans_total=cfg.kmeans.total_epsilon if plan.kmeans else None,
+                                   person_cap=pb.cap_epsilon, person_width=pb.width, person_depth=pb.depth)
         self.truth = TruthTracker() if cfg.truth else None
         if cfg.truth:
             log.warning("side paths: truth tracker ON: exact statistics are computed and published beside the "
                         "estimates; this is NOT private (demo/testing only)")
-        # k-means: tumbling windows of the configured attributes, eps per window (+ an optional stream budget)
+        # k-means: tumbling windows of the configured attributes, exact eps per window (+ an optional stream budget)
         k = cfg.kmeans
         self.kmeans_enabled = plan.kmeans is not None
         self.kmeans_stopped = False
@@ -122,9 +176,7 @@ class SidePathProcessor:
         self._window_start = 0
         if plan.kmeans is not None:
             self.kmeans_bounds = (plan.kmeans.lower, plan.kmeans.upper)
-            self.kmeans_window_budget = WindowedBudget(epsilon_per_window=k.epsilon)
-            self.kmeans_accountant = (BudgetAccountant(total_epsilon=k.total_epsilon)
-                                      if k.total_epsilon is not None else None)
+            self.kmeans_window_budget = WindowedBudget(epsilon_per_window=plan.kmeans.epsilon)
             self._window = np.empty((k.window, len(k.attributes)), dtype=np.float64)
 
     # ------------------------------------------------------------------ views
@@ -133,18 +185,42 @@ class SidePathProcessor:
         return [(self.topics.krr, list(self.krr)), (self.topics.rs, list(self.rs)),
                 (self.topics.blap, [*self.blap_num, *self.blap_cat])]
 
+    @property
+    def kmeans_accountant(self) -> Any:
+        """The k-means stream budget (a ``BudgetAccountant``), or None."""
+        return self.budgets.kmeans
+
     def kmeans_budget(self) -> tuple[float, float]:
-        """(total, remaining) eps of the k-means output: the stream budget if configured, else one window's."""
-        k = self.config.kmeans
+        """(total, remaining) eps of the k-means output for the future: the stream budget if configured, else one
+        window's (each window has its own, fresh budget)."""
         if not self.kmeans_enabled:
             return 0.0, 0.0
-        if self.kmeans_accountant is not None:
-            return self.kmeans_accountant.total_epsilon, self.kmeans_accountant.remaining
-        return k.epsilon, k.epsilon
+        acc = self.budgets.kmeans
+        if acc is not None:
+            return acc.total_epsilon, acc.remaining
+        return self.epsilon_kmeans, self.epsilon_kmeans
 
     def drain_events(self) -> list[SideEvent]:
         ev, self._events = self._events, []
         return ev
+
+    # ------------------------------------------------------------------ budgets
+    def restore_budgets(self, records: Mapping[str, bytes]) -> None:
+        """Load the persisted state of the cumulative budgets (key -> latest value); raises
+        :class:`~stream_anon.side.budgets.SideStateError` when it exists but cannot be read.  Call before the first
+        batch."""
+        self.budgets.restore(records)
+        acc = self.budgets.kmeans
+        if acc is not None and not acc.can_spend(self.epsilon_kmeans):
+            self.kmeans_stopped = True
+            log.error("%s: DP k-means output stays STOPPED: the persisted stream budget has %.6g of "
+                      "side_paths.kmeans.total_epsilon = %.6g left, less than one window's exact eps %r",
+                      self.topics.kmeans, acc.remaining, acc.total_epsilon, self.epsilon_kmeans)
+
+    def take_budget_updates(self) -> dict[str, bytes]:
+        """State records of the budgets changed since the last call: persist them (and wait for the
+        acknowledgement) BEFORE publishing the outputs of the batches processed since."""
+        return self.budgets.take_updates()
 
     # ------------------------------------------------------------------ processing
     def process(self, record: Mapping[str, Any], now: float | None = None) -> list[Out]:
@@ -159,47 +235,87 @@ class SidePathProcessor:
         """
         copies: list[Out] = []
 
-        def as_dicts(topic: str, ids: list[str], chans: list[tuple[Channel, list[Any]]]) -> None:
+        def as_dicts(topic: str, pseudonyms: list[str] | None, chans: list[tuple[Channel, list[Any]]]) -> None:
             mech = self._mechanism_of[topic]
             names = [c.attribute for c, _ in chans]
             eps = {c.attribute: c.epsilon for c, _ in chans}
             total = self.epsilon_per_record[topic]
-            reported = [c.perturb(col) for c, col in chans]
-            for i, row in enumerate(zip(*reported, strict=True)):
-                copies.append((topic, ids[i], copy_dict(ids[i], mech, dict(zip(names, row, strict=True)), eps, total,
-                                                        self.epsilon_all_topics)))
+            rows = list(zip(*[c.perturb(col) for c, col in chans], strict=True))
+            if pseudonyms is None:
+                rows = [rows[i] for i in self.rng.permutation(len(rows)).tolist()]
+            for i, row in enumerate(rows):
+                pid = None if pseudonyms is None else pseudonyms[i]
+                copies.append((topic, pid, copy_dict(pid, mech, dict(zip(names, row, strict=True)), eps, total,
+                                                     self.epsilon_all_topics)))
 
         rest = self._run_batch(records, now, as_dicts)
+        self._skipped = {}
         return copies + rest
 
     def process_batch_encoded(self, records: Sequence[Mapping[str, Any]], now: float | None = None) -> SideBatch:
         """:meth:`process_batch` with the per-record copies JSON-encoded (byte for byte ``json.dumps(...,
         separators=(",", ":"))`` of the same messages), one :class:`CopyBatch` per per-record topic; the events
-        of the batch are drained into it."""
+        and skipped records of the batch are drained into it."""
         batch = SideBatch()
+        keys: list[bytes | None] = []
 
-        def encoded(topic: str, ids: list[str], chans: list[tuple[Channel, list[Any]]]) -> None:
+        def encoded(topic: str, pseudonyms: list[str] | None, chans: list[tuple[Channel, list[Any]]]) -> None:
             tmpl = self._templates.get(topic)
             if tmpl is None:
                 tmpl = self._templates[topic] = copy_template(
                     self._mechanism_of[topic], {c.attribute: c.epsilon for c, _ in chans},
-                    self.epsilon_per_record[topic], self.epsilon_all_topics)
-            payloads = fill_copies(tmpl, ids, [c.perturb_json(col) for c, col in chans])
-            batch.copies.append(CopyBatch(topic, ids, payloads, self.epsilon_per_record[topic]))
+                    self.epsilon_per_record[topic], self.epsilon_all_topics, with_id=pseudonyms is not None)
+            payloads = fill_copies(tmpl, pseudonyms, [c.perturb_json(col) for c, col in chans])
+            if pseudonyms is None:
+                perm = self.rng.permutation(len(payloads)).tolist()
+                payloads = [payloads[i] for i in perm]
+                batch.copies.append(CopyBatch(topic, [None] * len(payloads), payloads, self.epsilon_per_record[topic]))
+                return
+            if not keys:
+                keys.extend(p.encode() for p in pseudonyms)
+            batch.copies.append(CopyBatch(topic, keys, payloads, self.epsilon_per_record[topic]))
 
         batch.outputs = self._run_batch(records, now, encoded)
         batch.events = self.drain_events()
+        batch.skipped, self._skipped = self._skipped, {}
         return batch
 
+    def _skip(self, reason: str, count: int) -> None:
+        if count:
+            self._skipped[reason] = self._skipped.get(reason, 0) + count
+            self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+    def _admit(self, records: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """The records whose person may still spend one record's total eps (all of them without a per-person
+        cap); the others are skipped, never perturbed."""
+        pf = self.person_field
+        if pf is None or not records:
+            return records
+        ok_id = [_is_person_id(r[pf]) for r in records]
+        if not all(ok_id):
+            self._skip(SKIP_BAD_PERSON_ID, ok_id.count(False))
+            records = [r for r, ok in zip(records, ok_id, strict=True) if ok]
+        if not records:
+            return records
+        mask = self.budgets.spend_person([r[pf] for r in records], self.epsilon_all_topics)
+        refused = int(mask.size - mask.sum())
+        if refused:
+            self._skip(SKIP_PERSON_BUDGET, refused)
+            records = [r for r, ok in zip(records, mask.tolist(), strict=True) if ok]
+        return records
+
     def _run_batch(self, records: Sequence[Mapping[str, Any]], now: float | None,
-                   emit: Callable[[str, list[str], list[tuple[Channel, list[Any]]]], None]) -> list[Out]:
-        """Perturb every per-record topic's columns (``emit(topic, ids, [(channel, column), ...])`` builds the
-        copies), then truth, k-means and estimates; returns the k-means and estimate messages."""
+                   emit: Callable[[str, list[str] | None, list[tuple[Channel, list[Any]]]], None]) -> list[Out]:
+        """Perturb every per-record topic's columns (``emit(topic, pseudonyms, [(channel, column), ...])`` builds
+        the copies), then truth, k-means and estimates; returns the k-means and estimate messages."""
+        records = self._admit(records)
         n = len(records)
         if n == 0:
             return self.poll(now)
-        rid = self.record_id_field
-        ids = [str(r[rid]) for r in records]
+        pseudonyms = None
+        if self.pseudonym is not None:
+            rid, pseudonym = self.record_id_field, self.pseudonym
+            pseudonyms = [pseudonym(r[rid]) for r in records]
         columns: dict[str, list[Any]] = {}
 
         def column(name: str) -> list[Any]:
@@ -210,7 +326,7 @@ class SidePathProcessor:
 
         for topic, chans in self.topic_channels():
             if chans:
-                emit(topic, ids, [(c, column(c.attribute)) for c in chans])
+                emit(topic, pseudonyms, [(c, column(c.attribute)) for c in chans])
         if self.truth is not None:
             seen: set[str] = set()
             for c in [*self.krr, *self.rs, *self.blap_cat]:
@@ -335,41 +451,46 @@ class SidePathProcessor:
             self._events.append(SideEvent("kmeans_skipped", topic, f"{topic}: window {index} ({n} records) not "
                                                                     f"released: the k-means budget is exhausted"))
             return []
-        if self.kmeans_accountant is not None:
+        km = kmeans_mechanism(k, *self.kmeans_bounds, self.rng)
+        eps = float(exact_epsilon(km))  # this window's exact eps (replace-one), computed from its noise scales
+        stream: BudgetSpend | None = None
+        if self.budgets.kmeans is not None:
             try:
-                self.kmeans_accountant.spend(k.epsilon, f"{topic} window {index}")
+                stream = self.budgets.spend_kmeans(eps, f"{topic} window {index}")
             except BudgetExhaustedError as e:
                 self.kmeans_stopped = True
                 self.kmeans_refused += 1
                 text = (f"{topic}: DP k-means output STOPPED at window {index}: {e}. No further windows are "
-                        f"released; raise side_paths.kmeans.total_epsilon (now {k.total_epsilon:g}) and restart "
-                        f"to resume")
+                        f"released; the spent budget is persisted, so a restart does not reset it (raising "
+                        f"side_paths.kmeans.total_epsilon, now {k.total_epsilon:g}, releases more: their eps adds up)")
                 log.error(text)
                 self._events.append(SideEvent("budget_exhausted", topic, text))
                 return []
-        km = QuadTreeKMeans(n_clusters=k.n_clusters, epsilon=k.epsilon, bounds=self.kmeans_bounds, gamma=k.gamma,
-                            variant=k.variant, rng=self.rng)  # type: ignore[arg-type]
-        # per-window budget: the tree and the leaf counts, both charged to this window
-        self.kmeans_window_budget.spend(km.epsilon_tree, "quadtree", window=index)
-        self.kmeans_window_budget.spend(km.epsilon_counts, "leaf counts", window=index)
+        # the window's own budget: its tree and its leaf counts (the tree spends nothing when max_depth = 1)
+        window: BudgetSpend | None = None
+        for part, label in ((km.epsilon_tree, "quadtree"), (km.epsilon_counts, "leaf counts")):
+            if part > 0.0:
+                window = self.kmeans_window_budget.spend(part, label, window=index)
+        assert window is not None
         km.fit(data)
         assert km.cluster_centers_ is not None
         self.kmeans_windows += 1
-        total, remaining = self.kmeans_budget()
+        budget = ({"scope": "stream", "total": stream.total, "spent": stream.spent_after,
+                   "remaining": stream.remaining_after} if stream is not None else
+                  {"scope": "window", "total": window.total, "spent": window.spent_after,
+                   "remaining": window.remaining_after})
         msg: dict[str, Any] = {
             "type": "kmeans", "window": index, "window_start_record": self._window_start, "n_records": n,
             "attributes": list(k.attributes),
             "bounds": {a: [float(lo), float(hi)] for a, lo, hi in zip(k.attributes, *self.kmeans_bounds, strict=True)},
             "n_clusters": k.n_clusters, "centroids": km.cluster_centers_.tolist(), "variant": k.variant,
-            "gamma": k.gamma, "epsilon": km.epsilon, "epsilon_tree": km.epsilon_tree,
-            "epsilon_counts": km.epsilon_counts, "leaves": len(km.leaves_) if km.leaves_ is not None else 0,
-            "fallback": km.fallback_,
-            "budget": {"scope": "stream" if self.kmeans_accountant is not None else "window",
-                       "total": total, "remaining": remaining},
+            "gamma": k.gamma, "neighbouring": km.neighbouring, "max_depth": km.max_depth_, "epsilon": eps,
+            "epsilon_tree": km.epsilon_tree, "epsilon_counts": km.epsilon_counts,
+            "leaves": len(km.leaves_) if km.leaves_ is not None else 0, "fallback": km.fallback_, "budget": budget,
         }
         if self.truth is not None:
             msg["truth"] = {"nicv": nicv(data, km.cluster_centers_)}
-        self._events.append(SideEvent("kmeans_released", topic, f"window {index}", km.epsilon))
+        self._events.append(SideEvent("kmeans_released", topic, f"window {index}", eps))
         return [(topic, f"window-{index}", msg)]
 
 

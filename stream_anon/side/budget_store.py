@@ -1,0 +1,125 @@
+"""Where the side paths persist their cumulative budgets: an internal compacted topic (Kafka I/O only).
+
+The topic (``side_paths.budget_topic``, default ``<input>.side-budget``) has one partition and
+``cleanup.policy=compact``; each state record's key names what it holds (:mod:`stream_anon.side.budgets`), so
+compaction keeps the latest value of each key.  :meth:`BudgetTopic.put` produces the records and waits until the
+broker acknowledged them (and everything sent before them); :meth:`BudgetTopic.load` reads the partition from its
+beginning to its high watermark and keeps the last value per key.  On a broker that does not compact (Tansu) the
+partition keeps every version and ``load`` reads them all: the start-up time then grows with the history (about
+16 bytes per changed counter of the per-person sketch, nothing per record otherwise).
+
+The topic is INTERNAL (docs/threat-model.md): the per-person sketch's state holds its secret hash key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
+
+from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import client_options
+from stream_anon.service.pipeline import OutputMessage
+from stream_anon.service.producer import OutputProducer
+
+log = logging.getLogger(__name__)
+
+KIND = "side-budget"
+
+
+class BudgetTopicError(RuntimeError):
+    """The budget topic exists in a shape the side paths cannot use (the message names the topic; not a
+    ``ValueError``: retrying cannot help)."""
+
+
+class BudgetStore(Protocol):
+    """Where the budget state records go: the latest value per key survives."""
+
+    def describe(self) -> str: ...
+
+    def load(self) -> dict[str, bytes]: ...
+
+    def put(self, producer: OutputProducer, records: Mapping[str, bytes]) -> None: ...
+
+
+class BudgetTopic:
+    """The compacted state topic of the side paths' budgets (see the module docstring)."""
+
+    def __init__(self, cfg: Config, topic: str) -> None:
+        self.cfg = cfg
+        self.topic = topic
+
+    def describe(self) -> str:
+        return f"topic {self.topic!r}"
+
+    def ensure(self, admin: KafkaAdminClient) -> None:
+        """Create the topic (1 partition, compacted) when it is missing and ``topics.create`` is on; an existing
+        topic must have exactly one partition (:class:`BudgetTopicError` otherwise: the state is read from and
+        written to partition 0 only)."""
+        if self.topic in set(admin.list_topics()):
+            for desc in admin.describe_topics([self.topic]):
+                n = len(desc.get("partitions") or ())
+                if n != 1:
+                    raise BudgetTopicError(f"budget topic {self.topic!r} has {n} partitions; the side paths' budget "
+                                           f"state needs a topic of exactly 1 (side_paths.budget_topic)")
+            return
+        if not self.cfg.topics.create:
+            log.warning("side paths: budget topic %s does not exist and topics.create is false", self.topic)
+            return
+        try:
+            admin.create_topics([NewTopic(self.topic, 1, self.cfg.topics.replication_factor,
+                                          topic_configs={"cleanup.policy": "compact"})])
+            log.info("created the side paths' budget topic %s (1 partition, cleanup.policy=compact)", self.topic)
+        except TopicAlreadyExistsError:
+            pass
+
+    def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
+        """key -> latest value (tombstones drop their key) of the whole partition."""
+        consumer = KafkaConsumer(**client_options(self.cfg), group_id=None, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
+                                 fetch_max_wait_ms=20)
+        tp = TopicPartition(self.topic, 0)
+        out: dict[str, bytes] = {}
+        try:
+            consumer.assign([tp])
+            begin = int(consumer.beginning_offsets([tp])[tp] or 0)
+            consumer.seek(tp, begin)
+            deadline = time.monotonic() + timeout_s
+            while consumer.highwater(tp) is None:  # Tansu: end_offsets() is wrong; highwater comes with a fetch
+                for r in consumer.poll(timeout_ms=200).get(tp, []):
+                    self._take(out, r.key, r.value)
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(f"{self.describe()}: no fetch response within {timeout_s:g} s")
+            end = int(consumer.highwater(tp))  # type: ignore[arg-type]
+            while consumer.position(tp) < end:
+                for r in consumer.poll(timeout_ms=500).get(tp, []):
+                    if r.offset < end:
+                        self._take(out, r.key, r.value)
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(f"{self.describe()}: read stalled at offset {consumer.position(tp)} of "
+                                            f"{end} after {timeout_s:g} s")
+        finally:
+            consumer.close()
+        return out
+
+    @staticmethod
+    def _take(out: dict[str, bytes], key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        k = key.decode("utf-8", "backslashreplace")
+        if value is None:
+            out.pop(k, None)
+        else:
+            out[k] = value
+
+    def put(self, producer: OutputProducer, records: Mapping[str, bytes]) -> None:
+        """Produce ``records`` and wait until they (and everything sent before) are acknowledged."""
+        if not records:
+            return
+        producer.send([OutputMessage(KIND, self.topic, 0, key.encode(), value) for key, value in records.items()])
+        producer.flush()
