@@ -154,6 +154,15 @@ class LedgerEntry:
         outputs: the promised output messages (``class``/``suppressed``/``dlq``: exactly one, of the kind's
             role; ``control``: none).
         incarnation: tag of the service incarnation that made it (diagnostics).
+        trigger: ``class``/``suppressed``: the input offset whose arrival (or end-of-stream marker) released
+            the records (None: not recorded, e.g. a wall-clock expiry without arrival).
+        delays: ``class``/``suppressed``: arrivals each record waited in the engine, same order as ``offsets``
+            (empty: not recorded).
+        latency_ms: same order: milliseconds from the input message's timestamp to its release (None where
+            the input had no timestamp; empty: not recorded).
+
+    The timing fields are internal (the ledger is an internal topic): the demo summary, the crash test's delay
+    check and ``bench service`` read them; the public class message has none of them.
     """
 
     kind: str
@@ -166,6 +175,9 @@ class LedgerEntry:
     class_id: str | None = None
     outputs: tuple[EncodedMessage, ...] = ()
     incarnation: str = ""
+    trigger: int | None = None
+    delays: tuple[int, ...] = ()
+    latency_ms: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ENTRY_KINDS:
@@ -194,6 +206,15 @@ class LedgerEntry:
                                     f"got {self.reason!r}")
         if self.kind == KIND_DLQ and not isinstance(self.reason, str):
             raise LedgerFormatError("dlq entry: reason missing")
+        t = self.trigger
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise LedgerFormatError(f"trigger: expected an offset >= 0 or null, got {t!r}")
+        for name, values, nullable in (("delays", self.delays, False), ("latency_ms", self.latency_ms, True)):
+            if values and len(values) != len(offs):
+                raise LedgerFormatError(f"{name}: {len(values)} values for {len(offs)} offsets")
+            if any(not (nullable and v is None) and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
+                   for v in values):
+                raise LedgerFormatError(f"{name}: expected integers >= 0{' or null' if nullable else ''}")
 
     @property
     def release_id(self) -> str:
@@ -229,6 +250,12 @@ class LedgerEntry:
             body["class"] = self.class_id
         body["out"] = outs
         body["inc"] = self.incarnation
+        if self.trigger is not None:
+            body["trig"] = self.trigger
+        if self.delays:
+            body["delays"] = list(self.delays)
+        if self.latency_ms:
+            body["lat_ms"] = list(self.latency_ms)
         return canonical_json(body)
 
 
@@ -332,10 +359,18 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
             if val is None:
                 raise LedgerFormatError("output value: missing")
             outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val))
+        timing: dict[str, Any] = {}
+        if body.get("trig") is not None:
+            timing["trigger"] = _int(body, "trig")
+        for name, field_name in (("delays", "delays"), ("lat_ms", "latency_ms")):
+            v = body.get(name, [])
+            if not isinstance(v, list):
+                raise LedgerFormatError(f"field {name!r}: expected a list")
+            timing[field_name] = tuple(v)
         return LedgerEntry(kind=_str(body, "t"), topic=_str(body, "topic"), partition=_int(body, "p"),
                            offsets=tuple(offs), horizon=_int(body, "horizon"), record_ids=tuple(ids),
                            reason=_str(body, "reason", nullable=True), class_id=_str(body, "class", nullable=True),
-                           outputs=tuple(outs), incarnation=_str(body, "inc"))
+                           outputs=tuple(outs), incarnation=_str(body, "inc"), **timing)
     except LedgerFormatError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as e:  # any other shape problem: still "corrupt"
@@ -352,6 +387,24 @@ class LedgerRecord:
 
 
 # ---------------------------------------------------------------------------------------------- entry factory
+@dataclass(frozen=True)
+class Timing:
+    """Internal per-record timing of one release (see :class:`LedgerEntry`): the releasing arrival's offset,
+    the arrivals each record waited, and ingest-to-release milliseconds (None: no input timestamp)."""
+
+    trigger: int | None
+    delays: Sequence[int] = ()
+    latency_ms: Sequence[int | None] = ()
+
+
+def _ordered_timing(timing: Timing | None, order: Sequence[int]) -> dict[str, Any]:
+    if timing is None:
+        return {}
+    return {"trigger": timing.trigger,
+            "delays": tuple(int(timing.delays[i]) for i in order) if timing.delays else (),
+            "latency_ms": tuple(timing.latency_ms[i] for i in order) if timing.latency_ms else ()}
+
+
 class EntryFactory:
     """Builds the ledger entries (with their output messages) of one input partition's decisions (pure).
 
@@ -376,17 +429,17 @@ class EntryFactory:
 
     def released_class(self, *, offsets: Sequence[int], record_ids: Sequence[Any],
                        members: Sequence[Mapping[str, Any]], generalized: Mapping[str, str], size: int, loss: float,
-                       horizon: int) -> tuple[LedgerEntry, GateResult | None]:
+                       horizon: int, timing: Timing | None = None) -> tuple[LedgerEntry, GateResult | None]:
         """A ``class`` entry promising the public class message, or (the gate refused the class) a
         ``suppressed`` entry with reason ``gate``.  ``offsets``/``record_ids``/``members``: same order, the
         members' source offsets, INPUT record ids and original records.  With a gate, the published ``size`` is
-        the gate's own count of distinct individuals."""
+        the gate's own count of distinct individuals.  ``timing``: internal per-record timing (same order)."""
         verdict = None
         if self.gate is not None:
             verdict = self.gate.check(generalized, members, record_ids)
             if not verdict.ok:
                 return self.suppressed(offsets=offsets, record_ids=record_ids, reason="gate", horizon=horizon,
-                                       detail=verdict.describe()), verdict
+                                       detail=verdict.describe(), timing=timing), verdict
             size = verdict.individuals
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
@@ -394,16 +447,17 @@ class EntryFactory:
         assert msg.key is not None
         return LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
                            horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
-                           outputs=(msg,), incarnation=self.incarnation), verdict
+                           outputs=(msg,), incarnation=self.incarnation,
+                           **_ordered_timing(timing, order)), verdict
 
     def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
-                   detail: str | None = None) -> LedgerEntry:
+                   detail: str | None = None, timing: Timing | None = None) -> LedgerEntry:
         msg = suppressed_message(input_topic=self.topic, partition=self.partition, offsets=offsets,
                                  record_ids=record_ids, reason=reason, detail=detail)
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         return LedgerEntry(KIND_SUPPRESSED, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
                            horizon, record_ids=tuple(record_ids[i] for i in order), reason=reason, outputs=(msg,),
-                           incarnation=self.incarnation)
+                           incarnation=self.incarnation, **_ordered_timing(timing, order))
 
     def dead_letter(self, *, offset: int, reason: str, field: str | None, error: str | None, value: bytes | None,
                     key: bytes | None, horizon: int) -> LedgerEntry:
@@ -712,8 +766,10 @@ class LedgerAccounting:
     control marker exactly once) and :meth:`check_published` (every promised output on its topic exactly
     once, nothing else there)."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, *, keep_entries: bool = False) -> None:
         self.topic = topic
+        self.keep_entries = keep_entries
+        self.entries: list[tuple[int, LedgerEntry]] = []  # (partition, entry), each entry once (keep_entries)
         self._outcome: dict[tuple[int, int], str] = {}
         self._values: dict[bytes, bytes] = {}
         self._report = AccountingReport()
@@ -744,6 +800,8 @@ class LedgerAccounting:
                 continue
             self._values[item.key] = rec.value
             rep.entries += 1
+            if self.keep_entries:
+                self.entries.append((partition, item))
             outcome = item.outcome
             for i, o in enumerate(item.offsets):
                 k = (partition, o)
