@@ -251,13 +251,13 @@ def _summarize(cfg: Config, schema: Schema, bs: str, n: int, source: str, origin
                        classes=snap.classes, class_size_counts="records", row_order="release order of the classes; "
                        "rows of a class by sensitive value", class_ids="opaque random 128-bit ids (the anon topic's)")
     n_supp = rep_acc.outcomes.get("suppressed", 0)
-    loss = summarize_release_frame(table, schema, a.k, records_suppressed=n_supp)
+    members = released[["record_id", "class_id", *qis]].astype({"record_id": str})  # internal: ids from the ledger
+    loss = summarize_release_frame(members, schema, a.k, records_suppressed=n_supp)
     rep = verify_release_frame(table, qis, a.k, a.l, sens[0] if sens else None, record_id=None, schema=schema)
     violations = list(rep.violations)
     coverage = None
     if original is not None and len(released):  # each member's original values, joined through the ledger's ids
-        coverage = verify_release_frame(released[["record_id", "class_id", *qis]].astype({"record_id": str}), qis,
-                                        a.k, schema=schema, original=original,
+        coverage = verify_release_frame(members, qis, a.k, schema=schema, original=original,
                                         original_id=schema.record_id or "id")
         violations += coverage.violations
     published_ok = all(c.ok for c in snap.published.values())

@@ -151,6 +151,13 @@ class PipelineSettings:
     l: int | None = None  # noqa: E741
     max_message_bytes: int = 65536
     encode_in_batches: bool = True  # one engine.encode_many per run of records; False: engine.push per record
+    max_delay: int | None = None  # the engine's longest delay bound in arrivals (delta, or delta_leftover if larger)
+
+    @property
+    def orphan_after(self) -> int:
+        """Arrivals after which a record the engine should have released long ago is suppressed by the pipeline
+        (only a broken engine leaves one): twice the engine's longest bound."""
+        return 2 * max(self.delta, self.max_delay or 0)
 
 
 class PartitionPipeline:
@@ -250,7 +257,29 @@ class PartitionPipeline:
             heapq.heappush(self._heap, m.offset)
             run.append((m, rec))
         self._push_run(run, out, stats, now)
+        self._sweep_orphans(out, stats)
         return BatchResult(out, stats)
+
+    def _sweep_orphans(self, out: list[LedgerEntry], stats: BatchStats) -> None:
+        """Suppress (reason ``delay_bound``) the records buffered for more than ``orphan_after`` arrivals: a broken
+        engine lost them (e.g. it failed after taking their release out of its state).  A correct engine never
+        holds a record that long; if one still releases it later, the release drops it (never accounted twice)."""
+        heap, buffered = self._heap, self._buffered
+        limit = self.next_offset - self.settings.orphan_after
+        offsets: list[int] = []
+        while heap and heap[0] < limit:
+            off = heapq.heappop(heap)
+            if off in buffered:
+                offsets.append(off)
+        if not offsets:
+            return
+        rids = [buffered.pop(o)[0] for o in offsets]
+        out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
+                                           horizon=self.horizon, detail="the engine did not release it within "
+                                           f"{self.settings.orphan_after} arrivals"))
+        stats.suppressed["delay_bound"] = stats.suppressed.get("delay_bound", 0) + len(offsets)
+        stats.internal_errors.append(("sweep", offsets[0], f"{len(offsets)} record(s) buffered for more than "
+                                      f"{self.settings.orphan_after} arrivals: suppressed"))
 
     def _classify(self, m: InputMessage, control: bool, out: list[LedgerEntry],
                   stats: BatchStats) -> dict[str, Any] | object | None:

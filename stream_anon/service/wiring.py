@@ -38,7 +38,8 @@ def pipeline_settings(cfg: Config) -> PipelineSettings:
     """Input topic and limits of the pure per-partition pipeline."""
     a = cfg.anonymization
     return PipelineSettings(input_topic=cfg.topics.input, k=a.k, delta=a.delta, l=a.l,
-                            max_message_bytes=cfg.service.max_message_bytes)
+                            max_message_bytes=cfg.service.max_message_bytes,
+                            max_delay=max(a.delta, a.delta_leftover or 0))
 
 
 def make_entry_factory(cfg: Config, schema: Schema) -> Callable[[int, str], EntryFactory]:
