@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 

@@ -260,12 +260,13 @@ class PartitionPipeline:
         self._sweep_orphans(out, stats)
         return BatchResult(out, stats)
 
-    def _sweep_orphans(self, out: list[LedgerEntry], stats: BatchStats) -> None:
-        """Suppress (reason ``delay_bound``) the records buffered for more than ``orphan_after`` arrivals: a broken
-        engine lost them (e.g. it failed after taking their release out of its state).  A correct engine never
-        holds a record that long; if one still releases it later, the release drops it (never accounted twice)."""
+    def _sweep_orphans(self, out: list[LedgerEntry], stats: BatchStats, *, everything: bool = False) -> None:
+        """Suppress (reason ``delay_bound``) the records buffered for more than ``orphan_after`` arrivals, or all
+        still buffered after the engine's flush (``everything``): a broken engine lost them (e.g. it failed after
+        taking their release out of its state).  A correct engine never holds a record that long and holds
+        nothing after a flush; if one still releases it later, the release drops it (never accounted twice)."""
         heap, buffered = self._heap, self._buffered
-        limit = self.next_offset - self.settings.orphan_after
+        limit = self.next_offset if everything else self.next_offset - self.settings.orphan_after
         offsets: list[int] = []
         while heap and heap[0] < limit:
             off = heapq.heappop(heap)
@@ -275,11 +276,11 @@ class PartitionPipeline:
             return
         rids = [buffered.pop(o)[0] for o in offsets]
         out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
-                                           horizon=self.horizon, detail="the engine did not release it within "
-                                           f"{self.settings.orphan_after} arrivals"))
+                                           horizon=self.horizon, detail="the engine did not release it"))
         stats.suppressed["delay_bound"] = stats.suppressed.get("delay_bound", 0) + len(offsets)
-        stats.internal_errors.append(("sweep", offsets[0], f"{len(offsets)} record(s) buffered for more than "
-                                      f"{self.settings.orphan_after} arrivals: suppressed"))
+        what = "still buffered after the engine's flush" if everything else \
+            f"buffered for more than {self.settings.orphan_after} arrivals"
+        stats.internal_errors.append(("sweep", offsets[0], f"{len(offsets)} record(s) {what}: suppressed"))
 
     def _classify(self, m: InputMessage, control: bool, out: list[LedgerEntry],
                   stats: BatchStats) -> dict[str, Any] | object | None:
@@ -313,6 +314,7 @@ class PartitionPipeline:
             self._internal_error(m, "flush", e, out, stats)
             return
         self._emit(releases, m.offset, out, stats, now)
+        self._sweep_orphans(out, stats, everything=True)
         stats.control += 1
         out.append(self.entries.control(offset=m.offset, horizon=self.horizon))
 
@@ -351,6 +353,7 @@ class PartitionPipeline:
             stats.internal_errors.append(("flush", None, last_line(e)))
             return BatchResult(out, stats)
         self._emit(releases, self.next_offset - 1, out, stats, now)
+        self._sweep_orphans(out, stats, everything=True)
         return BatchResult(out, stats)
 
     def expire(self, now: float) -> BatchResult:
