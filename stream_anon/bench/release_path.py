@@ -1,7 +1,7 @@
 """``python -m stream_anon.bench.release_path``: the cost of the release path and of CASTLE's cluster reuse.
 
 ``gate`` (default): the engine releases ADULT with the service defaults (k=10, delta=1000, beta=50, mu=100,
-reuse off); then, over all its classes, CPU time (``time.process_time``, best and median of ``--repeat``) per
+reuse off, l=2; ``--l 1`` for none); then, over all its classes, CPU time (``time.process_time``, best and median of ``--repeat``) per
 class and per record of (1) the pre-publish gate, (2) the public class message, (3) the whole ledger path
 (gate + class message + ledger entry + its bytes), each against the main path's ~80 us per record.
 
@@ -62,7 +62,8 @@ def _time(fn: Callable[[], None], repeat: int) -> tuple[float, float]:
 
 def bench_gate(args: argparse.Namespace) -> int:
     schema = adult_schema()
-    out, ids, _ = adult_releases(schema, 0, 0, args.adult)
+    l_ = args.l if args.l > 1 else None
+    out, ids, _ = adult_releases(schema, 0, 0, args.adult, l=l_)
     classes = [r for r in out if r.kind == "class"]
     args_ = [(r.generalized, r.records, [ids[o] for o in r.record_ids], [int(o) for o in r.record_ids], r)
              for r in classes]
@@ -71,28 +72,28 @@ def bench_gate(args: argparse.Namespace) -> int:
     sens = [a.name for a in schema.sensitive]
 
     def gate_only() -> None:
-        gate = PrePublishGate(schema, k=10)  # a cold interval cache every repeat
+        gate = PrePublishGate(schema, k=10, l=l_)  # a cold interval cache every repeat
         for g, m, rid, _, _ in args_:
             gate.check(g, m, rid)
 
     def message_only() -> None:
-        enc = ClassEncoder(qis=qis, sensitive=sens, k=10)
+        enc = ClassEncoder(qis=qis, sensitive=sens, k=10, l=l_)
         for g, m, _, _, r in args_:
             enc.encode(generalized=g, members=m, size=r.size, loss=r.loss)
 
     def ledger_path() -> None:
         f = EntryFactory(input_topic="adult.raw", partition=0, incarnation="bench",
-                         classes=ClassEncoder(qis=qis, sensitive=sens, k=10), secret=b"b" * 32,
-                         gate=PrePublishGate(schema, k=10))
+                         classes=ClassEncoder(qis=qis, sensitive=sens, k=10, l=l_), secret=b"b" * 32,
+                         gate=PrePublishGate(schema, k=10, l=l_))
         for g, m, rid, offs, r in args_:
             e, _ = f.released_class(offsets=offs, record_ids=rid, members=m, generalized=g, size=r.size,
                                     loss=r.loss, horizon=max(offs))
             e.encode()
 
-    gate = PrePublishGate(schema, k=10)
+    gate = PrePublishGate(schema, k=10, l=l_)
     refused = sum(not gate.check(g, m, rid).ok for g, m, rid, _, _ in args_)
     homogeneous = [r for r in classes if len({m[sens[0]] for m in r.records}) == 1]
-    print(f"ADULT, engine k=10 delta=1000 beta=50 mu=100 zeta=0 seed=0: {len(classes)} classes, {n_rec} records; "
+    print(f"ADULT, engine k=10 delta=1000 beta=50 mu=100 zeta=0 l={l_} seed=0: {len(classes)} classes, {n_rec} records; "
           f"gate refused {refused}; classes with a single {sens[0]!r} value (disclosed to anyone who places a "
           f"member in the class; l=2 would refuse them): {len(homogeneous)} holding "
           f"{sum(r.n_records for r in homogeneous)} records")
@@ -139,11 +140,13 @@ def bench_reuse(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stream_anon.bench.release_path", description=__doc__,
+    ap = argparse.ArgumentParser(prog="stream-anon bench release-path", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="?", choices=["gate", "reuse"], default="gate")
     ap.add_argument("--adult", default=None, help="ADULT file (default: $STREAM_ANON_ADULT)")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--l", type=int, default=2, help="gate: l of the engine and the gate (default 2, the service's; "
+                                                     "1: none)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--l-diversity", action="store_true", help="reuse: also zeta=0 with l=2 (no single-income class)")
     args = ap.parse_args(argv)
