@@ -96,7 +96,8 @@ def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | N
     return Config.load(env={}, overrides={**extra,
         "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "kafka.max_poll_records": args.max_records, "kafka.linger_ms": args.linger_ms,
-        "topics.input": input_topic or f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
+        "topics.input": input_topic or f"{prefix}.raw", "topics.ledger": f"{prefix}.ledger",
+        "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": args.partitions, "anonymization.k": args.k,
         "anonymization.delta": args.delta, "anonymization.beta": args.beta, "anonymization.mu": args.mu,
         "anonymization.seed": 1, "service.commit_interval_ms": args.commit_interval_ms, "service.metrics_port": 0,
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             lr = main_path_run(lcfg, n_lat, during=replay_at_rate)
             s = adult_schema()
             lt = lcfg.topics
-            snap = collect_outputs(bs, input_topic=lt.input, anon=lt.anon, suppressed=lt.suppressed, dlq=lt.dlq,
+            snap = collect_outputs(bs, input_topic=lt.input, ledger=lt.ledger_topic(), anon=lt.anon,
+                                   suppressed=lt.suppressed, dlq=lt.dlq,
                                    qis=[a.name for a in s.qis], sensitive=["income"])
             body = snap.records[snap.records.outcome == "released"]
             lat = body["latency_s"].dropna().to_numpy(dtype=float)

@@ -102,6 +102,11 @@ LEDGER_WAIT_SECONDS = 0.05
 """When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
 
 
+class LedgerConflictError(RuntimeError):
+    """The ledger holds checkpoints of another consumer group: two services (two sets of output topics) share one
+    ledger, which would make each skip the other's records.  A configuration error: ``run`` exits 2."""
+
+
 @dataclass
 class MainPathTotals:
     """Running totals of this process (the demo and tests read them; metrics carry the same numbers)."""
@@ -264,6 +269,9 @@ class MainPath:
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
             rc = 3
+        except LedgerConflictError as e:
+            log.error("%s", e)
+            rc = 2
         finally:
             if not self._shutdown(clean=rc == 0) and rc == 0:
                 rc = 3
@@ -499,9 +507,15 @@ class MainPath:
         reader, topic = self._reader, self.ledger_topic
         lp = self._ledger.partition_for(topic, partition)
         chunk = self.cfg.service.readback_chunk
+        group = self.cfg.kafka.group_id
         scan = self._retry_mid_run(f"partition {partition}: ledger scan", lambda: reader.scan_ledger(
-            topic, lp, LedgerScan(self.cfg.topics.input, partition, committed), chunk))
+            topic, lp, LedgerScan(self.cfg.topics.input, partition, committed, group=group), chunk))
         plan = scan.finish()
+        if plan.foreign_groups:
+            raise LedgerConflictError(
+                f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
+                f"service is group {group!r}: each service (consumer group, set of output topics) needs its own "
+                f"ledger; set topics.ledger (default <input>.ledger)")
         if plan.conflicts:
             log.error("partition %d: ledger %s holds offsets in two different entries (first: %s): accounted once "
                       "here, the audit reports them", partition, topic, plan.conflicts[:3])
@@ -535,7 +549,7 @@ class MainPath:
             elif since is None:  # where this incarnation's outputs will land, at the earliest
                 ends[role] = self._retry_mid_run(f"partition {partition}: end of {topic}", end)
         incarnation = secrets.token_hex(4)
-        box = PartitionOutbox.from_recovery(plan, incarnation=incarnation, ends=ends)
+        box = PartitionOutbox.from_recovery(plan, incarnation=incarnation, ends=ends, group=self.cfg.kafka.group_id)
         resend = outputs_to_resend(plan.pending, presence)
         if resend:
             receipt = self._producer.send([self._output(partition, m) for m in resend])

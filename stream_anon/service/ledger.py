@@ -270,6 +270,9 @@ class Checkpoint:
         ends: output role -> end offset (next offset) of the output partition as acknowledged by the producer
             (a lower bound of where any later output lands).
         seq, incarnation: make the key unique (``<topic>/<partition>/checkpoint/<incarnation>/<seq>``).
+        group: the consumer group of the service that wrote it (empty: not recorded).  A ledger belongs to one
+            group (one service, one set of output topics): recovery refuses a ledger that holds another group's
+            checkpoints (:attr:`RecoveryPlan.foreign_groups`).
     """
 
     topic: str
@@ -279,8 +282,11 @@ class Checkpoint:
     ends: tuple[tuple[str, int], ...]
     seq: int
     incarnation: str
+    group: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.group, str):
+            raise LedgerFormatError(f"checkpoint group: expected text, got {self.group!r}")
         for name in ("partition", "watermark", "seq"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -303,7 +309,8 @@ class Checkpoint:
     def encode(self) -> bytes:
         return canonical_json({"v": LEDGER_VERSION, "t": "checkpoint", "topic": self.topic, "p": self.partition,
                                "watermark": self.watermark, "horizon": self.horizon, "ends": dict(self.ends),
-                               "seq": self.seq, "inc": self.incarnation})
+                               "seq": self.seq, "inc": self.incarnation,
+                               **({"grp": self.group} if self.group else {})})
 
 
 def _int(d: Mapping[str, Any], name: str) -> int:
@@ -341,7 +348,7 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
                 raise LedgerFormatError("field 'ends': expected an object")
             return Checkpoint(topic=_str(body, "topic"), partition=_int(body, "p"), watermark=_int(body, "watermark"),
                               horizon=_int(body, "horizon"), ends=tuple(sorted(ends.items())), seq=_int(body, "seq"),
-                              incarnation=_str(body, "inc"))
+                              incarnation=_str(body, "inc"), group=_str(body, "grp") if "grp" in body else "")
         offs = body.get("offsets")
         if not isinstance(offs, list):
             raise LedgerFormatError("field 'offsets': expected a list")
@@ -482,10 +489,11 @@ class PartitionOutbox:
     """
 
     def __init__(self, topic: str, partition: int, *, incarnation: str, ends: Mapping[str, int] | None = None,
-                 horizon: int = -1) -> None:
+                 horizon: int = -1, group: str = "") -> None:
         self.topic = topic
         self.partition = partition
         self.incarnation = incarnation
+        self.group = group
         self._ends: dict[str, int] = {r: int(e) for r, e in (ends or {}).items()}
         self.horizon = horizon
         self._seq = 0
@@ -494,15 +502,15 @@ class PartitionOutbox:
         self.last_checkpoint: Checkpoint | None = None
 
     @classmethod
-    def from_recovery(cls, plan: RecoveryPlan, *, incarnation: str,
-                      ends: Mapping[str, int] | None = None) -> PartitionOutbox:
+    def from_recovery(cls, plan: RecoveryPlan, *, incarnation: str, ends: Mapping[str, int] | None = None,
+                      group: str = "") -> PartitionOutbox:
         """The outbox of a new incarnation after recovery: ends = the plan's checkpoint ends raised by ``ends``
         (e.g. the output partitions' highwater read during the re-send scan); remembers the keys the scan saw
         so that they are tombstoned too."""
         merged = dict(plan.scan_from or {})
         for r, e in (ends or {}).items():
             merged[r] = max(merged.get(r, 0), int(e))
-        box = cls(plan.topic, plan.partition, incarnation=incarnation, ends=merged, horizon=plan.horizon)
+        box = cls(plan.topic, plan.partition, incarnation=incarnation, ends=merged, horizon=plan.horizon, group=group)
         for last, key in plan.seen_entries:
             heapq.heappush(box._entries, (last, key))
         box._checkpoints = list(plan.seen_checkpoints)
@@ -529,7 +537,7 @@ class PartitionOutbox:
         self.horizon = h
         self._seq += 1
         ck = Checkpoint(self.topic, self.partition, watermark, h, tuple(sorted(self._ends.items())), self._seq,
-                        self.incarnation)
+                        self.incarnation, self.group)
         self._checkpoints.append((ck.horizon, ck.key))
         self.last_checkpoint = ck
         return ck
@@ -572,6 +580,8 @@ class RecoveryPlan:
         corrupt: (ledger offset, what is wrong) of messages that are not ledger records of this partition.
         records_read, tombstones: counts.
         seen_entries / seen_checkpoints: (last offset, key) / (horizon, key) of what was read (tombstones).
+        foreign_groups: consumer groups other than the scan's own that wrote checkpoints read by the scan: the
+            ledger is shared by two services, a configuration error (the plan must not be used).
     """
 
     topic: str
@@ -588,6 +598,7 @@ class RecoveryPlan:
     tombstones: int = 0
     seen_entries: tuple[tuple[int, bytes], ...] = ()
     seen_checkpoints: tuple[tuple[int, bytes], ...] = ()
+    foreign_groups: tuple[str, ...] = ()
 
 
 class LedgerScan:
@@ -601,10 +612,12 @@ class LedgerScan:
     ``corrupt`` and skipped; identical re-writes of one entry count once.
     """
 
-    def __init__(self, topic: str, partition: int, committed: int | None) -> None:
+    def __init__(self, topic: str, partition: int, committed: int | None, *, group: str = "") -> None:
         self.topic = topic
         self.partition = partition
         self.committed = committed
+        self.group = group
+        self.foreign_groups: set[str] = set()
         self.done = False
         self.records_read = 0
         self.tombstones = 0
@@ -634,6 +647,8 @@ class LedgerScan:
                 continue
             self._horizon = max(self._horizon, item.horizon)
             if isinstance(item, Checkpoint):
+                if self.group and item.group and item.group != self.group:
+                    self.foreign_groups.add(item.group)
                 self._checkpoints.append((item.horizon, item.key))
                 if self.checkpoint is None:
                     self.checkpoint = item
@@ -679,7 +694,7 @@ class LedgerScan:
             conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
             corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
             seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
-            seen_checkpoints=tuple(reversed(self._checkpoints)))
+            seen_checkpoints=tuple(reversed(self._checkpoints)), foreign_groups=tuple(sorted(self.foreign_groups)))
 
 
 class OutputPresence:
