@@ -32,10 +32,17 @@ from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
 from stream_anon.service.app import MainPath
-from stream_anon.service.audit import OutputSnapshot, collect_outputs, partition_ends, send_flush_markers
+from stream_anon.service.audit import (
+    OutputSnapshot,
+    collect_outputs,
+    partition_ends,
+    read_topic_with_headers,
+    send_flush_markers,
+)
 from stream_anon.service.config import Config
 from stream_anon.service.decoding import CONTROL_HEADER
 from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.release import decode_class_message
 from stream_anon.service.wiring import load_schema
 
 K = 5
@@ -219,3 +226,32 @@ def test_an_unreadable_record_is_dead_lettered_by_position_and_skipped(broker: A
     assert all(d["value_length"] is None for d in snap.dead_letters if d["reason"] == "corrupt_record")
     assert main.totals.control == 2  # only the two end-of-stream markers flushed
     assert metric(registry, "stream_anon_records_dead_lettered_total", reason="corrupt_record") == n_corrupt
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_record_ids_on_anon_only_by_opt_in_with_a_warning_and_one_ledger_per_group(
+        broker: Any, adult_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bs = broker.bootstrap_servers
+    prefix = f"optin{uuid.uuid4().hex[:6]}"
+    cfg = config(bs, prefix).with_options({"release.include_record_ids": True})
+    caplog.set_level(logging.WARNING, logger="stream_anon.service.app")
+    run_main(cfg, send_adult(adult_path, cfg.topics.input, 600))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("release.include_record_ids is true" in w and "OUTSIDE the threat model" in w for w in warnings)
+    assert any("release.secret not set: generated a random secret" in w for w in warnings)
+    snap = snapshot(bs, cfg)
+    assert snap.ok and snap.classes > 0
+    members = {m[0] for c in read_topic_with_headers(bs, cfg.topics.anon)
+               for m in decode_class_message(c.value).members or ()}
+    assert members == set(snap.records[snap.records.outcome == "released"].record_id)
+    # a second service (another consumer group, other outputs) on the same input and the same ledger: refused
+    other = cfg.with_options({"kafka.group_id": f"{prefix}-other", "topics.anon": f"{prefix}.anon2",
+                              "topics.suppressed": f"{prefix}.suppressed2", "topics.dlq": f"{prefix}.dlq2"})
+    caplog.clear()
+    caplog.set_level(logging.ERROR, logger="stream_anon.service.app")
+    rc = MainPath(other, metrics=ServiceMetrics(CollectorRegistry())).run()
+    assert rc == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(e.startswith(f"topics.ledger: {cfg.topics.ledger_topic()} holds checkpoints of consumer group(s) "
+                            f"['{prefix}-main']") for e in errors), errors

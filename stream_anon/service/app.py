@@ -297,7 +297,8 @@ class MainPath:
                         backend.submit(ExpirePartition(p, now))
             if cfg.service.idle_flush_seconds > 0:
                 self._idle_flush(now)
-            self._collect(wait_all=False)  # step 1
+            self._send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
+            self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
             self._send_acknowledged(wait=not batch)  # step 2
             self._write_tombstones()  # step 6 (commits confirmed during the poll)
             if time.monotonic() - last_commit >= commit_every:

@@ -244,7 +244,10 @@ class ConfluentTransport:
         self.producer.poll(0)
 
     def wait(self, timeout_s: float) -> None:
-        self.producer.flush(timeout_s)
+        if timeout_s > 0:
+            self.producer.flush(timeout_s)
+        else:  # flush(0) returns before serving a single delivery report: poll(0) serves those that arrived
+            self.producer.poll(0)
         if self.fatal is not None:
             raise ProducerFatalError(f"producer: fatal client error {self.fatal.name()}: {self.fatal.str()}; "
                                      f"it must be closed and created anew")
