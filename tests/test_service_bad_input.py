@@ -15,6 +15,7 @@ from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
 
+from stream_anon.cli import main as cli_main
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.service.app import MainPath
@@ -38,7 +39,8 @@ def service_config(bs: str, prefix: str, **extra: object) -> Config:
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) -> None:
+def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bs = broker.bootstrap_servers
     prefix = f"bad{uuid.uuid4().hex[:6]}"
     cfg = service_config(bs, prefix)
@@ -102,6 +104,18 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) 
         assert d["payload"] == "redacted" and "value_b64" not in d and "error" not in d
         assert d["value_hmac"] is None or hashes[d["value_hmac"]] == d["value_length"]
     assert any(d["value_length"] == len(big) for d in snap.dead_letters)
+    # stream-anon audit: the same from the command line; a message nobody promised makes it fail
+    args = ["audit", "--bootstrap-servers", bs, "--input-topic", t.input, "--set", f"topics.anon={t.anon}",
+            "--set", f"topics.suppressed={t.suppressed}", "--set", f"topics.dlq={t.dlq}", "--no-side-paths"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "OK: every input offset accounted exactly once" in out and "dead_lettered" in out
+    stray = KafkaProducer(bootstrap_servers=bs)
+    stray.send(t.anon, key=b"not-a-class", value=b'{"v":1}', partition=0)
+    stray.close()
+    assert cli_main(args) == 1
+    out = capsys.readouterr().out
+    assert "UNEXPECTED 1" in out and out.rstrip().endswith("NOT OK")
     # the metrics say the same
     got = {s.labels["reason"]: s.value for m in registry.collect() if m.name == "stream_anon_records_dead_lettered"
            for s in m.samples if s.name.endswith("_total")}

@@ -5,6 +5,13 @@ reuse off, l=2; ``--l 1`` for none); then, over all its classes, CPU time (``tim
 class and per record of (1) the pre-publish gate, (2) the public class message, (3) the whole ledger path
 (gate + class message + ledger entry + its bytes), each against the main path's ~80 us per record.
 
+``pipeline``: the service's pipeline exactly as a worker runs it (``workers.Pipelines``: decode, validate, engine,
+gate, ledger entries, in batches of 1,000) over ADULT with the service's configuration, once with the gate and once
+without (``EntryFactory.gate = None``), alternating, CPU seconds per record (best and median of ``--repeat``).
+``--once {gate,no-gate}`` runs one pass only, to count instructions under
+``valgrind --tool=callgrind python -m stream_anon.bench.release_path pipeline --once gate`` (subtract a run with
+``--records 0``: start-up).
+
 ``reuse``: reuse releases (CASTLE's Omega: one record under an earlier class's generalization) the engine makes
 on ADULT with the service defaults and zeta = the engine default, and what zeta = 0 costs (GT loss with
 suppressed records at 1, suppressions, classes), for ``--seeds``; with ``--l-diversity`` also zeta = 0 and
@@ -15,17 +22,27 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-from stream_anon.core.datasets import read_adult
+from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.engine import DEFAULT_ZETA, Engine, EngineConfig, Release
 from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.service.config import Config
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import EntryFactory
 from stream_anon.service.release import ClassEncoder
+from stream_anon.service.wiring import (
+    load_schema,
+    make_engine_factory,
+    make_entry_factory,
+    pipeline_settings,
+    with_release_secret,
+)
+from stream_anon.service.workers import CreatePartition, Pipelines, ProcessBatch, RawMessage
 
 SERVICE_DEFAULTS: dict[str, Any] = {"k": 10, "delta": 1000, "beta": 50, "mu": 100}
 MAIN_PATH_US_PER_RECORD = 80.0
@@ -109,6 +126,50 @@ def bench_gate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline_pass(cfg: Config, schema: Schema, msgs: list[RawMessage], gate: bool) -> float:
+    """One pass of the worker's pipeline over ``msgs``; returns CPU seconds."""
+    make = make_entry_factory(cfg, schema)
+
+    def entries(partition: int, incarnation: str) -> EntryFactory:
+        f = make(partition, incarnation)
+        if not gate:
+            f.gate = None
+        return f
+
+    pipes = Pipelines(schema, pipeline_settings(cfg), make_engine_factory(cfg, schema), entries)
+    pipes.create(CreatePartition(0, 0, (), -1, "bench"))
+    gc.collect()
+    c0 = time.process_time()
+    for i in range(0, len(msgs), 1000):
+        pipes.run(ProcessBatch(0, tuple(msgs[i:i + 1000]), 2000.0))
+    return time.process_time() - c0
+
+
+def bench_pipeline(args: argparse.Namespace) -> int:
+    cfg, _ = with_release_secret(Config.load(env={}, overrides={"anonymization.seed": 1, "anonymization.l": args.l
+                                                                if args.l > 1 else None}))
+    schema = load_schema(cfg)
+    adult = iter_adult_records(args.adult)
+    msgs: list[RawMessage] = [(i, json.dumps(r).encode(), None, (), 1000 + i, None)
+                              for i, r in zip(range(args.records), adult, strict=False)]
+    if args.once:
+        cpu = _pipeline_pass(cfg, schema, msgs, args.once == "gate")
+        print(f"pipeline ({args.once}), {len(msgs)} records: {cpu:.3f} CPU s")
+        return 0
+    runs: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.repeat):
+        for g in (False, True):
+            runs[g].append(_pipeline_pass(cfg, schema, msgs, g) / len(msgs) * 1e6)
+    a = cfg.anonymization
+    print(f"the worker's pipeline on {len(msgs)} ADULT records (k={a.k}, l={a.l}, delta={a.delta}), CPU us per record, "
+          f"best / median of {args.repeat} (alternating):")
+    for g in (False, True):
+        print(f"  {'with the gate' if g else 'without the gate':18s} {min(runs[g]):6.2f} / {statistics.median(runs[g]):6.2f}")
+    print(f"  the gate's share: {(1 - min(runs[False]) / min(runs[True])) * 100:.1f} % (best), "
+          f"{(1 - statistics.median(runs[False]) / statistics.median(runs[True])) * 100:.1f} % (median)")
+    return 0
+
+
 def bench_reuse(args: argparse.Namespace) -> int:
     schema = adult_schema()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -142,15 +203,17 @@ def bench_reuse(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stream-anon bench release-path", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="?", choices=["gate", "reuse"], default="gate")
+    ap.add_argument("what", nargs="?", choices=["gate", "pipeline", "reuse"], default="gate")
     ap.add_argument("--adult", default=None, help="ADULT file (default: $STREAM_ANON_ADULT)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--l", type=int, default=2, help="gate: l of the engine and the gate (default 2, the service's; "
                                                      "1: none)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--l-diversity", action="store_true", help="reuse: also zeta=0 with l=2 (no single-income class)")
+    ap.add_argument("--records", type=int, default=32561, help="pipeline: records of ADULT (default all)")
+    ap.add_argument("--once", choices=["gate", "no-gate"], default=None, help="pipeline: one pass (for callgrind)")
     args = ap.parse_args(argv)
-    return bench_gate(args) if args.what == "gate" else bench_reuse(args)
+    return {"gate": bench_gate, "pipeline": bench_pipeline, "reuse": bench_reuse}[args.what](args)
 
 
 if __name__ == "__main__":

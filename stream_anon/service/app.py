@@ -238,6 +238,10 @@ class MainPath:
             admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
             counts = retry("create topics", lambda: ensure_topics(admin, cfg), cfg, stop=stop)
             admin.close()
+            if self.ledger_topic not in counts:
+                log.error("topics.ledger: topic %s does not exist and topics.create is false: create it (compacted, "
+                          "with the input's partition count; deploy/kafka/create-topics.sh)", self.ledger_topic)
+                return 2
             on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
             self._producer = open_producer(cfg, partition_counts=counts, stop=stop, on_error=on_error)
             # the ledger's messages are few and small, and step 2 waits for them: no linger
