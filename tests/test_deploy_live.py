@@ -60,6 +60,8 @@ NO_SAMPLE_REASONS = {
     "stream_anon_epsilon_budget_total": "only when the side paths set their budget gauges",
     "stream_anon_side_outputs_refused_total": "only when a privacy budget is exhausted",
     "stream_anon_side_records_skipped_total": "only when the side paths meet an invalid input",
+    "stream_anon_internal_errors_total": "only when the pipeline's guard catches a bug on a message",
+    "stream_anon_outputs_resent_total": "only when a recovery finds an output the ledger promised missing",
 }
 
 

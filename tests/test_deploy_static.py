@@ -131,6 +131,7 @@ REQUIRED_ALERTS = {
     "StreamAnonPrivacyBudgetNearlyExhausted": {"stream_anon_epsilon_budget_remaining",
                                                "stream_anon_epsilon_budget_total"},
     "StreamAnonKAnonymityViolation": {"stream_anon_k_anonymity_violations_total"},
+    "StreamAnonInternalError": {"stream_anon_internal_errors_total"},
     "StreamAnonPrivacyBudgetExhausted": {"stream_anon_side_outputs_refused_total"},
 }
 
@@ -197,6 +198,8 @@ DASHBOARD_MUST_SHOW = {
     "class sizes": {"stream_anon_class_size_bucket"},
     "buffer": {"stream_anon_buffered_records", "stream_anon_open_clusters"},
     "DLQ and suppression": {"stream_anon_records_dead_lettered_total", "stream_anon_records_suppressed_total"},
+    "gate refusals and internal errors": {"stream_anon_k_anonymity_violations_total",
+                                          "stream_anon_internal_errors_total"},
     "eps per side topic": {"stream_anon_epsilon_spent_total"},
     "estimate errors": {"stream_anon_estimate_standard_error", "stream_anon_estimate_abs_error"},
     "UDP gaps": {"stream_anon_udp_gaps_total"},
@@ -364,8 +367,11 @@ def test_topic_job_creates_the_services_topics_with_matching_partitions() -> Non
     single = re.search(r"for suffix in ([a-z ]+); do\s+create \"\$PREFIX\.\$suffix\" 1", text)
     assert per_record and single, "create-topics.sh layout changed"
     defaults = TopicSettings()
-    created = {f"adult.{s}" for s in per_record.group(1).split() + single.group(1).split()} | {defaults.input}
-    expected = {defaults.input, *defaults.outputs().values(), *defaults.side().values()}
+    ledger = re.search(r'create "\$INPUT_TOPIC\.ledger" "\$PARTITIONS" --config cleanup\.policy=compact', text)
+    assert ledger, "create-topics.sh must create the ledger compacted, with the input's partitions"
+    created = {f"adult.{s}" for s in per_record.group(1).split() + single.group(1).split()} | {defaults.input,
+                                                                                              "adult.raw.ledger"}
+    expected = {defaults.input, defaults.ledger_topic(), *defaults.outputs().values(), *defaults.side().values()}
     assert created == expected, f"topics created {sorted(created)} != the service's {sorted(expected)}"
     assert {f"adult.{s}" for s in single.group(1).split()} == {defaults.estimates, defaults.kmeans}
     assert job["environment"]["INPUT_PARTITIONS"] == "${INPUT_PARTITIONS:-4}"

@@ -673,3 +673,19 @@ def test_crash_points_are_the_documented_sequence(stream: list[bytes]) -> None:
     i = steps.index("flushed")
     assert steps[i: i + 5] == ["flushed", "checkpoint-sent", "checkpoint-acked", "committed", "tombstones-sent"]
     assert steps[steps.index("entries-sent") + 1] == "entries-acked"
+
+
+def test_a_ledger_shared_by_two_consumer_groups_is_reported() -> None:
+    f = factory()
+    mine = Checkpoint(TOPIC, P, 0, -1, (), 1, "x", group="svc-a")
+    theirs = Checkpoint(TOPIC, P, 40, 39, (), 1, "y", group="svc-b")
+    assert decode_ledger_value(theirs.encode()) == theirs and b'"grp":"svc-b"' in theirs.encode()
+    assert b"grp" not in Checkpoint(TOPIC, P, 0, -1, (), 1, "x").encode()  # no group: the older format
+    recs = _records([mine, f.control(offset=0, horizon=0), theirs])
+    plan = _scan(recs, committed=None)[0].finish()
+    assert plan.foreign_groups == ()  # a scan without a group checks nothing
+    scan = LedgerScan(TOPIC, P, None, group="svc-a")
+    scan.add_chunk(recs)
+    assert scan.finish().foreign_groups == ("svc-b",)
+    box = PartitionOutbox(TOPIC, P, incarnation="z", group="svc-a")
+    assert box.checkpoint(3).group == "svc-a"

@@ -356,3 +356,21 @@ def test_delay_p50_is_labelled_with_its_population(synthetic_run: dict[str, Any]
     assert ("<th>arrivals (summary.json delay_arrivals)</th><td>released + suppressed records (the demo&#x27;s "
             f'summary)</td><td class="num">-</td><td class="num">{theirs:,.4g}</td>') in html
     assert "release delay p50 / p99 (arrivals, released records)" in html  # the key figure at the top, labelled
+
+
+def test_a_run_directory_in_the_public_layout_is_read(adult_path: Path, tmp_path: Path) -> None:
+    """The demo writes released.csv without record ids (class_id, QIs, sensitive: what the anon topic holds)."""
+    _engine_run(adult_path, tmp_path)
+    df = pd.read_csv(tmp_path / "released.csv", dtype=str)
+    df.drop(columns=["record_id", "delay", "delay_seconds"]).to_csv(tmp_path / "released.csv", index=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary["delay_arrivals"] = {"p50": 12.0, "p99": 250.0, "max": 290.0, "mean": 40.0, "n": len(df),
+                                 "population": "released records"}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "delays.json").write_text(json.dumps({"arrivals": sorted(range(len(df))), "bound": DELTA}))
+    run = load_run_dir(tmp_path)
+    assert "record_id" not in run.released.columns and len(run.released) == len(df)
+    assert class_sizes(run.released).min() >= K
+    html = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "class size histogram" in _images(html)
+    assert f"<td>released records</td><td class=\"num\">{len(df):,}</td>" in html

@@ -1,5 +1,6 @@
-"""Bad input through the real broker: every bad message reaches the DLQ with its reason and original bytes,
-the service keeps running, and the accounting closes (consumed = released + suppressed + dead-lettered)."""
+"""Bad input through the real broker: every bad message reaches the DLQ with its reason (redacted: length, position
+and a keyed hash of the original bytes), the service keeps running, and the accounting closes in the ledger
+(consumed = released + suppressed + dead-lettered, each offset once, each promised output published once)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
 
+from stream_anon.cli import main as cli_main
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
 from stream_anon.service.app import MainPath
-from stream_anon.service.audit import collect_outputs, send_flush_markers
+from stream_anon.service.audit import collect_outputs, partition_ends, send_flush_markers
 from stream_anon.service.config import Config
 from stream_anon.service.decoding import DeadLetter, RecordDecoder
 from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.service.release import keyed_hash
 
 
 def service_config(bs: str, prefix: str, **extra: object) -> Config:
@@ -40,7 +43,8 @@ def service_config(bs: str, prefix: str, **extra: object) -> Config:
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) -> None:
+def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     bs = broker.bootstrap_servers
     prefix = f"bad{uuid.uuid4().hex[:6]}"
     cfg = service_config(bs, prefix)
@@ -89,19 +93,33 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path) 
     assert t.dead_letter_reasons == expected_reasons
     assert t.released + t.suppressed == n_good
     s = adult_schema()
-    snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
-                           qis=[a.name for a in s.qis], sensitive=["income"])
+    t = cfg.topics
+    snap = collect_outputs(bs, input_topic=t.input, anon=t.anon, suppressed=t.suppressed, dlq=t.dlq,
+                           qis=[a.name for a in s.qis], sensitive=["income"], input_ends=partition_ends(bs, t.input))
+    assert snap.ok, (snap.accounting, snap.published, snap.problems)
     assert snap.dlq_reasons == expected_reasons
-    assert len(snap.records) == len(sent)
+    assert len(snap.records) == len(sent) and snap.control == 2
     assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
-    originals: dict[bytes | None, bytes | None] = {}
-    for msg_key, payload in sent:
-        originals.setdefault(msg_key, payload)
-    for _part, _off, reason, dlq_value in snap.dlq_values:
-        if reason == "oversized" and len(dlq_value) == cfg.service.dlq_max_bytes:
-            assert big.startswith(dlq_value)
-        else:
-            assert dlq_value in {v or b"" for v in originals.values()}
+    # redacted dead letters: reason, position, length and a keyed hash of the original bytes, never the bytes
+    secret = (main.cfg.release.secret or "").encode()
+    hashes = {keyed_hash(secret, v): len(v) for _, v in sent if v is not None}
+    assert len(snap.dead_letters) == n_bad
+    for d in snap.dead_letters:
+        assert d["payload"] == "redacted" and "value_b64" not in d and "error" not in d
+        assert d["value_hmac"] is None or hashes[d["value_hmac"]] == d["value_length"]
+    assert any(d["value_length"] == len(big) for d in snap.dead_letters)
+    # stream-anon audit: the same from the command line; a message nobody promised makes it fail
+    args = ["audit", "--bootstrap-servers", bs, "--input-topic", t.input, "--set", f"topics.anon={t.anon}",
+            "--set", f"topics.suppressed={t.suppressed}", "--set", f"topics.dlq={t.dlq}", "--no-side-paths"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "OK: every input offset accounted exactly once" in out and "dead_lettered" in out
+    stray = KafkaProducer(bootstrap_servers=bs)
+    stray.send(t.anon, key=b"not-a-class", value=b'{"v":1}', partition=0)
+    stray.close()
+    assert cli_main(args) == 1
+    out = capsys.readouterr().out
+    assert "UNEXPECTED 1" in out and out.rstrip().endswith("NOT OK")
     # the metrics say the same
     got = {s.labels["reason"]: s.value for m in registry.collect() if m.name == "stream_anon_records_dead_lettered"
            for s in m.samples if s.name.endswith("_total")}

@@ -10,8 +10,9 @@ consumes them; the broker is frozen twice mid-stream.  Phase 2 (outage while idl
 the broker is frozen while the service has nothing to do, resumed, and new records are sent.  Phase 3
 (stopped during an outage): more records are consumed (some released, the rest buffered), the broker is
 frozen and the service gets ``SIGTERM``: it must exit promptly (no hang waiting for the broker), and a
-restarted service resumes from the committed watermarks.  Checks: every input message is accounted for
-exactly once across anon + suppressed + dlq, every class is k-anonymous and covers its originals, the service
+restarted service recovers from the ledger.  Checks (read from the ledger): every input message is accounted for
+exactly once, every promised output is published exactly once, every class is k-anonymous and covers its
+originals, the service
 process never exited before it was told to (no crash loop), and its log names each outage with a retry line
 and the broker's return.
 """
@@ -134,10 +135,10 @@ def freeze(broker: EmbeddedBroker, seconds: float, service: Service) -> int:
 
 # the service's own lines (not kafka-python's): outage noticed, with retry; broker back
 OUTAGE = re.compile(r"WARNING stream_anon\.service\.\S+: broker \S+ (not answering for \d+ s .*checking again in"
-                    r"|has not acknowledged \d+ output message\(s\) for \d+ s .*the producer retries)")
-ALREADY_RELEASED = re.compile(r"(\d+) records at or after it already released")
+                    r"|has not acknowledged \d+ (output|ledger) message\(s\) for \d+ s .*the producer retries)")
+ALREADY_RELEASED = re.compile(r"(\d+) offsets at or after it already accounted")
 BACK = re.compile(r"WARNING stream_anon\.service\.\S+: broker \S+ (answering again after"
-                  r"|acknowledged the held output messages after)")
+                  r"|acknowledged the held (output|ledger) messages after)")
 
 
 @pytest.mark.integration
@@ -241,23 +242,28 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
 
         schema = adult_schema()
         qis = [a.name for a in schema.qis]
-        out = collect_outputs(bs, anon=f"{prefix}.anon", suppressed=f"{prefix}.suppressed", dlq=f"{prefix}.dlq",
-                              qis=qis, sensitive=[a.name for a in schema.sensitive]).records
+        snap = collect_outputs(bs, input_topic=topic, anon=f"{prefix}.anon", suppressed=f"{prefix}.suppressed",
+                               dlq=f"{prefix}.dlq", qis=qis, sensitive=[a.name for a in schema.sensitive],
+                               input_ends=end3)
+        out = snap.records
     elapsed = time.monotonic() - t_start
     text = service.text()
 
-    # 1. exactly once: every input record once across anon + suppressed + dlq
+    # 1. exactly once: every input offset once in the ledger, every promised output published once
+    assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
     sent = [r["id"] for r in phase1 + phase2 + phase3]
     assert len(out) == len(sent), f"{len(out)} accounted records for {len(sent)} inputs"
     assert out.record_id.is_unique, out.record_id[out.record_id.duplicated()].head().tolist()
     assert set(out.record_id) == set(sent)
     assert not out.duplicated(["src_partition", "src_offset"]).any()
-    assert (out.outcome != "dlq").all()
-    # 2. every class k-anonymous and covering its originals
+    assert (out.outcome != "dead_lettered").all()
+    # 2. every class k-anonymous and covering its originals (joined through the ledger's record ids)
     released = out[out.outcome == "released"]
-    rep = verify_release_frame(released[["record_id", "class_id", *qis, "income"]].astype({"record_id": str}),
+    rep = verify_release_frame(released[["record_id", "class_id", *qis]].astype({"record_id": str}),
                                qis, K, schema=schema, original=adult, original_id="id")
     assert rep.ok, str(rep)
+    rep = verify_release_frame(snap.public, qis, K, 2, "income", record_id=None, schema=schema)
+    assert rep.ok and rep.records == len(released), str(rep)
     assert int(out.dropna(subset=["delay"]).delay.max()) <= DELTA
     # 3. one process all along, and its log names the outage
     assert text.count("main path: consuming") == 1

@@ -205,8 +205,54 @@ def test_malformed_yaml_is_one_clear_error(tmp_path: Path) -> None:
         Config.load(f, env={})
 
 
+def test_service_defaults_keep_the_threat_model() -> None:
+    """Reuse off and l = 2 by default; the ledger beside the input (docs/threat-model.md)."""
+    cfg = Config.load(env={})
+    assert cfg.anonymization.zeta == 0 and cfg.anonymization.l == 2
+    assert cfg.anonymization.engine_config(seed=0).zeta == 0
+    assert cfg.topics.ledger_topic() == "adult.raw.ledger"
+    assert Config.load(env={}, overrides={"topics.input": "x.raw"}).topics.ledger_topic() == "x.raw.ledger"
+    assert Config.load(env={}, overrides={"topics.ledger": "audit.trail"}).topics.ledger_topic() == "audit.trail"
+    assert Config.load(env={}, overrides={"anonymization.l": "null"}).anonymization.l is None  # knowingly
+    with pytest.raises(ConfigError, match=r"topics: input, output and ledger topics must differ"):
+        Config.load(env={}, overrides={"topics.ledger": "adult.anon"})
+
+
+@pytest.mark.parametrize("zeta", ["1", "1000", "null"])
+def test_cluster_reuse_is_refused_in_the_service_with_one_line(zeta: str) -> None:
+    with pytest.raises(ConfigError, match=r"^option anonymization\.zeta: CASTLE's cluster reuse publishes single "
+                                          r"records.*the service requires 0, got .*\(docs/threat-model\.md\)$"):
+        Config.load(env={}, overrides={"anonymization.zeta": zeta})
+
+
+def _schema_file(tmp_path: Path, sensitive: list[dict[str, object]]) -> Path:
+    spec = {"name": "plain", "record_id": "pid", "attributes": [
+        {"name": "age", "role": "quasi_identifier", "type": "numeric", "domain": [0, 120], "integer": True},
+        *sensitive]}
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("sensitive", "needle"), [
+    ([], r"option anonymization\.l: l-diversity \(default 2 in the service\) needs a sensitive attribute and "
+         r"schema 'plain' has none; set anonymization\.l: null"),
+    ([{"name": "flag", "role": "sensitive", "type": "categorical", "values": ["yes"]}],
+     r"option anonymization\.l: expected at most the 1 distinct value\(s\) of the sensitive attribute 'flag' of "
+     r"schema 'plain', got 2; set anonymization\.l: null"),
+])
+def test_a_schema_that_cannot_be_l_diverse_is_one_clear_error_naming_the_option(
+        tmp_path: Path, sensitive: list[dict[str, object]], needle: str) -> None:
+    schema = _schema_file(tmp_path, sensitive)
+    with pytest.raises(ConfigError, match=needle):
+        Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.enabled": False})
+    cfg = Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.enabled": False,
+                                         "anonymization.l": "null"})
+    assert cfg.anonymization.l is None
+
+
 @pytest.mark.parametrize("command", ["anonymize", "verify", "bench", "perturb", "estimate", "run", "demo",
-                                     "udp-bridge", "report"])
+                                     "udp-bridge", "report", "audit"])
 def test_cli_registers_every_command_module(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Every sub-command module is imported and registered (a module that cannot be imported is an error, never
     skipped): each command answers --help."""

@@ -2,11 +2,14 @@
 points, restart it each time; every input record is accounted for exactly once, every class is
 k-anonymous, and no record waited longer than delta arrivals plus the records replayed by recoveries.
 
+Everything is read from the internal ledger (the public anon topic carries nothing per record): what was
+accounted, each record's outcome, class and delays, and every promised output checked against its topic.
+
 Delay measure: arrival positions in the input partition.  ``position_delay`` = offset of the arrival that
 triggered the release minus the record's own offset.  Allowed: ``delta`` plus the number of records in
 between that a recovery skipped as already released (they are arrivals of the partition but not of the
 rebuilt engine): after kill ``i`` those are the offsets >= the committed watermark that were already in
-the outputs.  The engine's own delay (arrivals it saw) must stay <= delta without allowance.
+the ledger.  The engine's own delay (arrivals it saw) must stay <= delta without allowance.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -28,7 +30,7 @@ from replay_tools.kafka_replay import replay_records
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
-from stream_anon.service.audit import collect_outputs, send_flush_markers
+from stream_anon.service.audit import OutputSnapshot, collect_outputs, send_flush_markers
 
 K, DELTA, PARTITIONS = 10, 1000, 2
 
@@ -54,11 +56,11 @@ def committed(monitor: KafkaConsumer, topic: str) -> dict[int, int]:
     return out
 
 
-def snapshot(bs: str, prefix: str) -> pd.DataFrame:
+def snapshot(bs: str, prefix: str, input_ends: dict[int, int] | None = None) -> OutputSnapshot:
     s = adult_schema()
-    snap = collect_outputs(bs, anon=f"{prefix}.anon", suppressed=f"{prefix}.suppressed", dlq=f"{prefix}.dlq",
-                           qis=[a.name for a in s.qis], sensitive=[a.name for a in s.sensitive])
-    return snap.records
+    return collect_outputs(bs, input_topic=f"{prefix}.raw", anon=f"{prefix}.anon", suppressed=f"{prefix}.suppressed",
+                           dlq=f"{prefix}.dlq", qis=[a.name for a in s.qis],
+                           sensitive=[a.name for a in s.sensitive], input_ends=input_ends)
 
 
 @pytest.mark.integration
@@ -110,9 +112,9 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
             time.sleep(float(rng.uniform(0.0, 0.3)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        # what a recovery will skip: outputs at or above the committed watermark
+        # what a recovery will skip: ledger entries at or above the committed watermark
         w = committed(monitor, topic)
-        out = snapshot(bs, prefix)
+        out = snapshot(bs, prefix).records
         skipped_by_kill.append({p: set(out.loc[(out.src_partition == p) & (out.src_offset >= w[p]),
                                                "src_offset"].astype(int)) if len(out) else set()
                                 for p in range(PARTITIONS)})
@@ -133,21 +135,28 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
     assert proc.wait(timeout=30) == 0
     monitor.close()
 
-    out = snapshot(bs, prefix)
-    # 1. exactly once: every input record id once across anon + suppressed + dlq
+    snap = snapshot(bs, prefix, input_ends={p: counts.get(p, 0) + 1 for p in range(PARTITIONS)})
+    out = snap.records
+    # 1. exactly once: every input offset once in the ledger (records + one end marker per partition), every
+    # promised output (classes, suppressions) on its topic exactly once and nothing else there
+    assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
+    assert snap.control == PARTITIONS
     assert len(out) == total, f"{len(out)} accounted records for {total} inputs"
     assert out.record_id.is_unique, out.record_id[out.record_id.duplicated()].head().tolist()
     assert set(out.record_id) == set(adult["id"])
     assert not out.duplicated(["src_partition", "src_offset"]).any()
-    assert (out.outcome != "dlq").all()
-    # 2. every class k-anonymous, generalizations cover the originals (independent verifier)
+    assert (out.outcome != "dead_lettered").all()
+    # 2. every class k-anonymous (and l-diverse), generalizations cover the originals (independent verifier; the
+    # members of a class are joined with the originals through the ledger's record ids)
     released = out[out.outcome == "released"]
     schema = adult_schema()
     qis = [a.name for a in schema.qis]
-    rep = verify_release_frame(released[["record_id", "class_id", *qis, "income"]].astype({"record_id": str}),
+    rep = verify_release_frame(released[["record_id", "class_id", *qis]].astype({"record_id": str}),
                                qis, K, schema=schema, original=adult, original_id="id")
     assert rep.ok, str(rep)
     assert rep.min_class_size >= K
+    rep = verify_release_frame(snap.public, qis, K, 2, "income", record_id=None, schema=schema)
+    assert rep.ok and rep.records == len(released), str(rep)
     # 3. delay bound: engine arrivals <= delta; partition positions <= delta + records skipped in between
     done = out.dropna(subset=["delay"])
     assert int(done.delay.max()) <= DELTA

@@ -1,5 +1,6 @@
-"""``stream-anon demo`` end to end on the full ADULT file: exit 0, every record accounted once, k verified,
-run directory with summary.json and released.csv (the anonymize CLI's layout)."""
+"""``stream-anon demo`` end to end on the full ADULT file: exit 0, every record accounted once in the ledger, k and
+l verified, run directory with summary.json and released.csv in the public layout of the anonymize CLI (no record
+ids) with its meta file."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.core.schema import adult_schema
+from stream_anon.core.verify import meta_path, read_release_meta, verify_release_file
 from stream_anon.service.broker import free_port
 
 
@@ -34,10 +36,14 @@ def test_demo_on_full_adult(adult_path: Path, tmp_path: Path) -> None:
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["synthetic"] is False and s["records_in"] == 32561
     assert s["records_released"] + s["records_suppressed"] + s["records_dead_lettered"] == 32561
-    assert s["records_unaccounted"] == 0 and s["records_duplicated"] == 0
+    assert s["records_unaccounted"] == 0 and s["records_duplicated"] == 0 and s["end_of_stream_markers"] >= 1
+    assert s["accounting"]["ok"] and all(s["accounting"]["published_exactly_once"].values())
     assert s["k_anonymity"]["verified"] and s["k_anonymity"]["min_class_size"] >= 10
-    assert s["k_anonymity"]["coverage_checked"]
+    assert s["k_anonymity"]["coverage_checked"] and s["k_anonymity"]["l"] == 2
+    assert s["parameters"]["zeta"] == 0
     assert 0 < s["gt_loss"] < 1 and s["delay_arrivals"]["max"] <= 1000
+    d = s["delay_arrivals"]
+    assert d["population"] == "released records" and d["n"] == s["records_released"]
     side = s["side_paths"]
     assert side and side["error"] is None
     assert set(side["epsilon_per_record"]) == {"adult.krr", "adult.rs", "adult.blap"}
@@ -46,6 +52,9 @@ def test_demo_on_full_adult(adult_path: Path, tmp_path: Path) -> None:
     assert any(v.get("abs_error") is not None for v in side["estimates"].values())
     df = pd.read_csv(run_dir / "released.csv", dtype=str)
     schema = adult_schema()
-    assert list(df.columns) == ["record_id", "class_id", *[a.name for a in schema.qis], "income"]
-    assert len(df) == s["records_released"] and df.record_id.is_unique
-    assert df.groupby("class_id").size().min() >= 10
+    assert list(df.columns) == ["class_id", *[a.name for a in schema.qis], "income"]  # public layout: no ids
+    assert len(df) == s["records_released"]
+    assert df.groupby("class_id").size().min() >= 10 and df.groupby("class_id")["income"].nunique().min() >= 2
+    roles = read_release_meta(meta_path(run_dir / "released.csv"))
+    assert roles.record_id is None and roles.sensitive == ("income",)
+    assert verify_release_file(run_dir / "released.csv", 10, 2, schema=schema).ok

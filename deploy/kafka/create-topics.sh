@@ -4,9 +4,10 @@
 # Partition counts:
 #   * the input topic has INPUT_PARTITIONS partitions: the upper bound on useful stream-anon replicas
 #     (one consumer-group member per partition; see docs/deploy.md, "Scaling out");
-#   * the per-record outputs (anonymized, suppressed, dead-letter, LDP copies) have the SAME count: the service
-#     writes what it derives from input partition p to output partition p, so after a crash or a rebalance the
-#     new owner of p reads back only the tail of output partition p to skip records already released;
+#   * the per-record outputs (anonymized, suppressed, dead-letter, LDP copies) and the internal ledger
+#     (<input>.ledger, compacted) have the SAME count: the service writes what it derives from input partition p
+#     to ledger and output partition p, so after a crash or a rebalance the new owner of p reads back only the
+#     tail of ledger partition p (and of output partition p from the last checkpoint) (docs/service.md);
 #   * the periodic estimate and k-means topics have one partition: a single ordered series of windows.
 set -euo pipefail
 
@@ -32,6 +33,10 @@ create() {  # name partitions [extra kafka-topics args]
 }
 
 create "$INPUT_TOPIC" "$PARTITIONS"
+# the ledger: compacted (the service writes tombstones for what no recovery needs); keep entries for as long as
+# `stream-anon audit` must look back (docs/threat-model.md, "Bounded growth")
+create "$INPUT_TOPIC.ledger" "$PARTITIONS" --config cleanup.policy=compact \
+       --config "min.compaction.lag.ms=${LEDGER_MIN_COMPACTION_LAG_MS:-604800000}"
 for suffix in anon suppressed dlq krr rs blap; do
   create "$PREFIX.$suffix" "$PARTITIONS"
 done

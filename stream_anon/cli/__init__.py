@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import stream_anon
-from stream_anon.cli import anonymize, bench, privacy, report, service, udp
+from stream_anon.cli import anonymize, audit, bench, privacy, report, service, udp
 from stream_anon.cli.arguments import one_line_errors
 
 # Sub-command modules, in the order they appear in --help (a module that cannot be imported is an error, never
@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     bench,      # bench engine|ldp-*|service|side|udp-loss (benchmarks)
     privacy,    # perturb, estimate                     (LDP mechanisms)
     service,    # run, demo                             (streaming service)
+    audit,      # audit                                 (ledger accounting)
     udp,        # udp-bridge                            (UDP ingest)
     report,     # report                                (visual report)
 )

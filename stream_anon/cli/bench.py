@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "udp-loss": "replay_tools.udp_bench",               # UDP loss on loopback at several rates
     "side": "stream_anon.bench.side",                   # LDP side paths: pure, raw send floor, end to end
     "side-kafka": "stream_anon.bench.side",             # the same (its former name)
+    "release-path": "stream_anon.bench.release_path",   # pre-publish gate / ledger cost, CASTLE reuse on ADULT
 }
 
 

@@ -3,8 +3,10 @@
 Required:
     ``summary.json``  one JSON object: counts, losses, delay statistics, parameters (``k``, ``delta``
                       at top level or under ``config.anonymization`` / ``anonymization``), eps spent.
-    ``released.csv``  the released records: ``record_id, class_id, <QI columns>, <sensitive>``
-                      (+ optional ``delay`` / ``delay_arrivals`` and ``delay_seconds`` columns).
+    ``released.csv``  the released records, one row each: ``class_id, <QI columns>, <sensitive>`` (the public
+                      layout the demo writes, with its meta file ``released.csv.meta.json``), or with a leading
+                      ``record_id`` column (``anonymize --keep-ids``); optional ``delay`` / ``delay_arrivals`` and
+                      ``delay_seconds`` columns.
 Optional:
     ``delays.json``        ``{"arrivals": [...], "seconds": [...], "bound": delta}`` (or a bare list of arrivals):
                            per-record delays of the *released* records.
@@ -275,9 +277,8 @@ def load_run_dir(run_dir: str | Path) -> RunDir:
     if not isinstance(summary, dict):
         raise RunDirError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
     released = pd.read_csv(released_path, dtype=str, keep_default_na=False)
-    for col in ("record_id", "class_id"):
-        if col not in released.columns:
-            raise RunDirError(f"{released_path}: column {col!r} missing (has {list(released.columns)})")
+    if "class_id" not in released.columns:
+        raise RunDirError(f"{released_path}: column 'class_id' missing (has {list(released.columns)})")
     schema = load_schema(path)
     run = RunDir(path=path, summary=summary, released=released, schema=schema)
 

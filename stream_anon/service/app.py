@@ -1,25 +1,44 @@
-"""``stream-anon run``: the main path's consume -> anonymize -> produce -> commit loop.
+"""``stream-anon run``: the main path's consume -> anonymize -> ledger -> produce -> commit loop.
 
-Loop: ``poll`` a batch; for each partition, build its pipeline on first sight (recovery read-back, see
-:mod:`stream_anon.service.pipeline`), push the batch, send the outputs; every
-``service.commit_interval_ms``: ``flush`` the producer (every output acknowledged, ``acks=all``), then
-commit each partition's watermark (lowest offset still buffered).  On revoke: flush, ``commit_async``
-the watermarks of the revoked partitions, drop their state (the new owner rebuilds it from the watermark).
+The internal ledger (``<input>.ledger``, :mod:`stream_anon.service.ledger`) is the source of truth for recovery and
+accounting; the public topics are never read back.  The loop keeps the outbox order of that module::
+
+    poll a batch -> the partition's pipeline (inline or in a worker process)
+    1. each finished batch's ledger entries -> the ledger (ledger producer, linger 0), without waiting
+    2. as soon as a batch's entries are acknowledged (checked without blocking), its outputs -> anon /
+       suppressed / dlq (output producer); meanwhile the next batches go on
+    every service.commit_interval_ms (everything must be acknowledged here):
+    3. flush the ledger, send the remaining outputs, flush the outputs
+    4. a checkpoint per partition whose watermark or entries moved -> the ledger; flush it
+    5. commit the watermarks (asynchronously)
+    6. once a commit is confirmed: tombstones for the ledger keys no recovery can need
+
+A partition's first records start its recovery (:meth:`MainPath._recover`): backward scan of its ledger
+partition, forward scan of its output partitions from the last checkpoint, byte-identical re-send of what the
+ledger promised and is missing, a first checkpoint, then the pipeline starts at the plan's offset and skips the
+offsets the ledger already accounts for.  On revoke: finish in-flight batches, steps 1-4, ``commit_async`` the
+revoked partitions' watermarks, drop their state (the new owner recovers from the ledger).
+
+Where errors surface (for whoever changes the loop): producer errors in :meth:`OutputProducer.flush` (steps 3-4,
+recovery re-sends, revoke) and :meth:`OutputProducer.poll` (``ProducerFatalError`` only); worker failures in
+``Backend.results``; both end :meth:`MainPath.run` with exit code 1.  A record the consumer cannot read
+(``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaError
+from kafka.errors import CorruptRecordError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
@@ -30,7 +49,7 @@ from stream_anon.service.config import Config
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     MessageRejectedError,
-    OutputReader,
+    PartitionReader,
     ProducerFatalError,
     backoff_delays,
     connect_admin,
@@ -38,17 +57,33 @@ from stream_anon.service.kafka_io import (
     make_consumer,
     retry,
 )
+from stream_anon.service.ledger import (
+    LedgerEntry,
+    LedgerScan,
+    OutputPresence,
+    PartitionOutbox,
+    RecoveryPlan,
+    outputs_to_resend,
+)
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
-from stream_anon.service.pipeline import BatchStats, ReadBackScan
-from stream_anon.service.producer import OutputProducer, open_producer
+from stream_anon.service.pipeline import OutputMessage
+from stream_anon.service.producer import OutputProducer, Receipt, open_producer
+from stream_anon.service.release import EncodedMessage
 from stream_anon.service.supervisor import SidePaths
-from stream_anon.service.wiring import load_schema, make_engine_factory, pipeline_settings
+from stream_anon.service.wiring import (
+    load_schema,
+    make_engine_factory,
+    make_entry_factory,
+    pipeline_settings,
+    with_release_secret,
+)
 from stream_anon.service.workers import (
     Backend,
     CreatePartition,
     ExpirePartition,
     FlushPartition,
     InlineBackend,
+    PartitionResult,
     ProcessBackend,
     ProcessBatch,
     RawMessage,
@@ -61,8 +96,15 @@ T = TypeVar("T")
 
 BROKER_CHECK_SECONDS = 2.0
 """With no records polled and no output acknowledged for this long, the loop asks the broker for an input
-partition's first offset (``OutputReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
+partition's first offset (``PartitionReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
 an idle stream from a broker outage."""
+LEDGER_WAIT_SECONDS = 0.05
+"""When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
+
+
+class LedgerConflictError(RuntimeError):
+    """The ledger holds checkpoints of another consumer group: two services (two sets of output topics) share one
+    ledger, which would make each skip the other's records.  A configuration error: ``run`` exits 2."""
 
 
 @dataclass
@@ -74,10 +116,15 @@ class MainPathTotals:
     suppressed: int = 0
     dead_lettered: int = 0
     skipped: int = 0
+    control: int = 0
     classes: int = 0
     loss_sum: float = 0.0  # sum over released records of their class loss
     recoveries: int = 0
+    resent: int = 0  # outputs re-sent by recoveries
+    gate_refusals: int = 0  # classes the pre-publish gate refused
+    internal_errors: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    suppressed_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def gt_loss(self) -> float:
@@ -107,19 +154,44 @@ class PartitionStatus:
     next_offset: int
     buffered: int = 0
     open_clusters: int = 0
+    horizon: int = -1
+
+
+@dataclass
+class _Unsent:
+    """The ledger entries of one finished batch: sent to the ledger, their outputs not sent yet (step 2 waits for
+    ``receipt``)."""
+
+    partition: int
+    entries: list[LedgerEntry]
+    receipt: Receipt
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record the consumer could not read (``CorruptRecordError``): only its position is known."""
+
+    offset: int
+    error: str
 
 
 class MainPath:
     """The main path of one service member.  ``run()`` until ``stop_event`` is set; returns an exit code.
 
     ``service.workers`` = 0 runs the pipelines inline; >= 1 in that many worker processes (needs the default
-    engine: a custom ``engine_factory`` forces inline).
+    engine: a custom ``engine_factory`` forces inline).  The release secret must be resolved once for all the
+    processes of a service (:func:`~stream_anon.service.wiring.with_release_secret`); when ``cfg`` has none, it is
+    generated here (``secret_generated`` then becomes true).
     """
 
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
-                 stop_event: threading.Event | None = None) -> None:
+                 stop_event: threading.Event | None = None, secret_generated: bool = False) -> None:
+        if cfg.release.secret is None:
+            cfg, secret = with_release_secret(cfg)
+            secret_generated = secret.generated
         self.cfg = cfg
+        self.secret_generated = secret_generated
         self.metrics = metrics if metrics is not None else ServiceMetrics(CollectorRegistry())
         self.schema = schema if schema is not None else load_schema(cfg)
         self._custom_engine = engine_factory is not None
@@ -129,14 +201,25 @@ class MainPath:
         self.ready = threading.Event()  # clients connected, subscribed
         self.assigned = threading.Event()  # the group gave this member its partitions (at least once)
         self.states: dict[int, PartitionStatus] = {}
+        self.outboxes: dict[int, PartitionOutbox] = {}
         self.totals = MainPathTotals()
         self.highwater: dict[int, int] = {}
         self.committed: dict[int, int] = {}
+        t = cfg.topics
+        self.ledger_topic = t.ledger_topic()
+        self._role_topic = {"anon": t.anon, "suppressed": t.suppressed, "dlq": t.dlq}
+        self._topic_role = {v: k for k, v in self._role_topic.items()}
         self._last_input: dict[int, float] = {}
         self._seeked: dict[int, int] = {}
+        self._plans: dict[int, RecoveryPlan] = {}  # recovery scans waiting for the seek back to their start
+        self._unsent: deque[_Unsent] = deque()  # step 2 waits for their ledger acknowledgements
+        self._sent: list[tuple[int, Receipt]] = []  # outputs sent since the last checkpoint (partition, receipt)
+        self._dirty: set[int] = set()  # partitions with ledger entries since their last checkpoint
+        self._confirmed: list[dict[int, int]] = []  # commits confirmed by the broker: tombstones due (step 6)
         self._producer: OutputProducer | None = None
+        self._ledger: OutputProducer | None = None
         self._consumer: KafkaConsumer | None = None
-        self._reader: OutputReader | None = None
+        self._reader: PartitionReader | None = None
         self._backend: Backend | None = None
         self._broker_check_at = time.monotonic() + BROKER_CHECK_SECONDS
         self._outage_since: float | None = None  # during an outage: monotonic time of the last answer
@@ -149,35 +232,50 @@ class MainPath:
     def run(self) -> int:
         cfg = self.cfg
         stop = self.stop_event.is_set
+        for line in cfg.release_options().startup_warnings(secret_generated=self.secret_generated):
+            log.warning("%s", line)
         try:
             admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
             counts = retry("create topics", lambda: ensure_topics(admin, cfg), cfg, stop=stop)
             admin.close()
-            self._producer = open_producer(cfg, partition_counts=counts, stop=stop,
-                                           on_error=lambda t: self.metrics.produce_errors.labels(topic=t).inc())
+            if self.ledger_topic not in counts:
+                log.error("topics.ledger: topic %s does not exist and topics.create is false: create it (compacted, "
+                          "with the input's partition count; deploy/kafka/create-topics.sh)", self.ledger_topic)
+                return 2
+            on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
+            self._producer = open_producer(cfg, partition_counts=counts, stop=stop, on_error=on_error)
+            # the ledger's messages are few and small, and step 2 waits for them: no linger
+            ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
+            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=stop, on_error=on_error,
+                                         label="ledger")
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
-            self._reader = retry("read-back consumer", lambda: OutputReader(cfg), cfg, stop=stop)
+            self._reader = retry("recovery reader", lambda: PartitionReader(cfg), cfg, stop=stop)
         except BrokerUnavailableError as e:
             log.error("%s", e)
             return 3
         if cfg.service.workers > 0 and not self._custom_engine:
             self._backend = ProcessBackend(cfg, cfg.service.workers)
         else:
-            self._backend = InlineBackend(self.schema, self.settings, self.engine_factory)
+            self._backend = InlineBackend(self.schema, self.settings, self.engine_factory,
+                                          make_entry_factory(cfg, self.schema))
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
-        log.info("main path: consuming %s as group %r (k=%d, delta=%d, beta=%d) -> %s, %s, %s",
-                 cfg.topics.input, cfg.kafka.group_id, cfg.anonymization.k, cfg.anonymization.delta,
-                 cfg.anonymization.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq)
+        a = cfg.anonymization
+        log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+                 cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
+                 cfg.topics.suppressed, cfg.topics.dlq, self.ledger_topic)
         self.ready.set()
         rc = 0
         try:
             self._loop()
         except (WorkerError, ProducerFatalError, MessageRejectedError) as e:
-            log.error("%s; stopping (a restart resumes from the committed watermarks)", e)
+            log.error("%s; stopping (a restart recovers from the ledger)", e)
             rc = 1
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
-            log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
+            log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
             rc = 3
+        except LedgerConflictError as e:
+            log.error("%s", e)
+            rc = 2
         finally:
             if not self._shutdown(clean=rc == 0) and rc == 0:
                 rc = 3
@@ -185,13 +283,12 @@ class MainPath:
 
     def _loop(self) -> None:
         cfg = self.cfg
-        consumer, backend = self._consumer, self._backend
-        assert consumer is not None and backend is not None
+        backend = self._backend
+        assert backend is not None
         commit_every = cfg.service.commit_interval_ms / 1000.0
         last_commit = time.monotonic()
-        max_records = cfg.kafka.max_poll_records
         while not self.stop_event.is_set():
-            batch = consumer.poll(timeout_ms=cfg.service.poll_timeout_ms, max_records=max_records)
+            batch = self._poll()
             now = time.time()
             if batch:
                 self._broker_answered()
@@ -204,13 +301,49 @@ class MainPath:
                         backend.submit(ExpirePartition(p, now))
             if cfg.service.idle_flush_seconds > 0:
                 self._idle_flush(now)
-            self._collect(wait_all=False)
+            self._send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
+            self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            self._send_acknowledged(wait=not batch)  # step 2
+            self._write_tombstones()  # step 6 (commits confirmed during the poll)
             if time.monotonic() - last_commit >= commit_every:
-                self._commit()
+                self._commit()  # steps 3-5
                 self._update_position_metrics()
                 last_commit = time.monotonic()
             if time.monotonic() >= self._broker_check_at:
                 self._check_broker()
+
+    def _poll(self) -> dict[TopicPartition, list[Any]]:
+        """One consumer poll (no wait while outputs wait for ledger acknowledgements); a record the client cannot
+        read is dead-lettered and skipped."""
+        consumer = self._consumer
+        assert consumer is not None
+        timeout = 0 if self._unsent else self.cfg.service.poll_timeout_ms
+        try:
+            return consumer.poll(timeout_ms=timeout, max_records=self.cfg.kafka.max_poll_records)
+        except CorruptRecordError as e:
+            self._skip_unreadable(e)
+            return {}
+
+    def _skip_unreadable(self, error: CorruptRecordError) -> None:
+        """kafka-python raised ``CorruptRecordError`` (e.g. for a header key that is not UTF-8) without naming the
+        partition, and its next poll would spin on the same record: find every assigned partition whose record
+        at the consumer's position cannot be read (with the recovery reader), dead-letter that offset (reason
+        ``corrupt_record``: position only) and seek past it.  If none is found, re-raise (the service stops)."""
+        consumer, reader = self._consumer, self._reader
+        assert consumer is not None and reader is not None
+        text = " ".join(str(error).split())[:500]
+        found = False
+        for tp in sorted(consumer.assignment()):
+            pos = consumer.position(tp)
+            if pos is None or reader.first_readable(tp.topic, tp.partition, pos):
+                continue
+            found = True
+            log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as corrupt_record, "
+                      "skipping it", tp.partition, pos, text)
+            if self._submit(tp.partition, [Unreadable(pos, text)], time.time()):
+                consumer.seek(tp, pos + 1)
+        if not found:
+            raise error
 
     # ------------------------------------------------------------------ broker outages
     def _broker_answered(self) -> None:
@@ -249,30 +382,25 @@ class MainPath:
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
         return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0)
 
-    def _submit(self, partition: int, recs: Sequence[ConsumerRecord], now: float) -> None:
+    # ------------------------------------------------------------------ input
+    def _submit(self, partition: int, recs: Sequence[Any], now: float) -> bool:
+        """Hand consumed records (``ConsumerRecord`` or :class:`Unreadable`) of one partition to its pipeline,
+        recovering the partition first when it is new.  False: they were not taken (the consumer was moved back
+        to the partition's start; they come again)."""
         if partition not in self.states:
             start = self._start_offset(partition, recs[0].offset)
             if start is None:
-                return  # seeked back to the committed watermark: the next poll delivers from there
+                return False
             recs = [r for r in recs if r.offset >= start]
             if not recs:
-                return
-            self._recover(partition, start)
+                return True
         assert self._backend is not None
-        msgs: tuple[RawMessage, ...] = tuple((r.offset, r.value, r.key, r.headers, r.timestamp) for r in recs)
+        msgs: tuple[RawMessage, ...] = tuple(
+            (r.offset, None, None, (), None, r.error) if isinstance(r, Unreadable)
+            else (r.offset, r.value, r.key, r.headers, r.timestamp, None) for r in recs)
         self._backend.submit(ProcessBatch(partition, msgs, now))
         self._last_input[partition] = now
-
-    def _collect(self, *, wait_all: bool) -> None:
-        """Produce the outputs of finished batches and take over the partitions' new watermarks."""
-        assert self._producer is not None and self._backend is not None
-        for res in self._backend.results(wait_all=wait_all):
-            self._producer.send(res.outputs)
-            st = self.states.get(res.partition)
-            if st is not None:
-                st.watermark, st.buffered = res.watermark, res.buffered
-                st.open_clusters, st.next_offset = res.open_clusters, res.next_offset
-            self._account(res.partition, res.stats, res.elapsed, res.n_messages)
+        return True
 
     def _idle_flush(self, now: float) -> None:
         for p, st in self.states.items():
@@ -283,71 +411,189 @@ class MainPath:
                 self._backend.submit(FlushPartition(p, now))
                 self._last_input[p] = now
 
-    def _start_offset(self, partition: int, first_offset: int) -> int | None:
-        """Where a partition's new state must start: its committed watermark.
+    # ------------------------------------------------------------------ the outbox (steps 1, 2)
+    def _collect(self, *, wait_all: bool) -> None:
+        """Step 1 for the finished batches: their ledger entries go to the ledger; take over the partitions' new
+        watermarks."""
+        assert self._backend is not None
+        for res in self._backend.results(wait_all=wait_all):
+            st = self.states.get(res.partition)
+            if st is not None:
+                st.watermark, st.buffered = res.watermark, res.buffered
+                st.open_clusters, st.next_offset, st.horizon = res.open_clusters, res.next_offset, res.horizon
+            if res.entries:
+                self._write_entries(res.partition, res.entries)
+            self._account(res)
 
-        kafka-python keeps the fetch position of a partition that is revoked and assigned again to the same
-        member, but the revoke dropped the state (buffered records included), so the position may be past
-        the watermark: seek back (returns None; the records come with the next poll).  Offsets below the
-        first available one (retention) start at the first available record.
+    def _write_entries(self, partition: int, entries: list[LedgerEntry]) -> None:
+        assert self._ledger is not None
+        box = self.outboxes.get(partition)
+        if box is None:  # revoked meanwhile: not written, so not published; the new owner processes them again
+            log.debug("partition %d: %d ledger entries of a dropped partition not written", partition, len(entries))
+            return
+        topic = self.ledger_topic
+        receipt = self._ledger.send([OutputMessage("ledger", topic, partition, e.key, e.encode()) for e in entries])
+        for e in entries:
+            box.record(e)
+        self._dirty.add(partition)
+        self._unsent.append(_Unsent(partition, entries, receipt))
+
+    def _send_acknowledged(self, *, wait: bool = False) -> None:
+        """Step 2: send the outputs of every batch whose ledger entries are acknowledged (in batch order).
+        ``wait``: wait up to ``LEDGER_WAIT_SECONDS`` for acknowledgements (nothing else to do)."""
+        if not self._unsent:
+            return
+        assert self._ledger is not None
+        if self._ledger.poll(LEDGER_WAIT_SECONDS if wait else 0.0):
+            self._broker_answered()
+        while self._unsent and self._unsent[0].receipt.acknowledged:
+            self._send_outputs(self._unsent.popleft())
+
+    def _send_outputs(self, unsent: _Unsent) -> None:
+        assert self._producer is not None
+        p = unsent.partition
+        msgs = [self._output(p, m) for e in unsent.entries for m in e.outputs]
+        if msgs:
+            self._sent.append((p, self._producer.send(msgs)))
+
+    def _output(self, partition: int, m: EncodedMessage) -> OutputMessage:
+        return OutputMessage(m.role, self._role_topic[m.role], partition, m.key, m.value)
+
+    def _settle_outbox(self) -> None:
+        """Steps 1-3 for everything collected: every entry and every output acknowledged; the outboxes learn the
+        output offsets."""
+        assert self._ledger is not None and self._producer is not None
+        if self._ledger.flush():
+            self._broker_answered()
+        while self._unsent:
+            self._send_outputs(self._unsent.popleft())
+        if self._producer.flush():
+            self._broker_answered()
+        for p, receipt in self._sent:
+            box = self.outboxes.get(p)
+            if box is not None:
+                for d in receipt.deliveries():
+                    box.acked(self._topic_role[d.topic], d.offset)
+        self._sent.clear()
+
+    # ------------------------------------------------------------------ recovery
+    def _start_offset(self, partition: int, first_offset: int) -> int | None:
+        """Recover a new partition and return the offset its pipeline starts at (records below it are already
+        accounted), or None after seeking the consumer back to that offset (the records come again).
+
+        The start is the recovery plan's: max(committed offset, last checkpoint's watermark); with neither, the
+        consumer's reset position (``first_offset``).  kafka-python keeps the fetch position of a partition
+        revoked and assigned again to the same member, but the revoke dropped the state: then the position is
+        past the start, so seek back once.  Offsets below the first available one (retention) start at it.
         """
         consumer = self._consumer
         assert consumer is not None
         tp = TopicPartition(self.cfg.topics.input, partition)
-        committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
-            tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
-        if committed is None or first_offset == committed:
-            return first_offset
-        if first_offset > committed and self._seeked.get(partition) != committed:
-            self._seeked[partition] = committed
-            log.info("partition %d: position %d is past the committed watermark %d (state dropped at a "
-                     "rebalance): seeking back", partition, first_offset, committed)
-            consumer.seek(tp, committed)
+        plan = self._plans.pop(partition, None)
+        if plan is None:
+            committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
+                tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
+            plan = self._scan_ledger(partition, committed)
+        target = plan.start_offset if plan.start_offset is not None else first_offset
+        if first_offset > target and self._seeked.get(partition) != target:
+            self._seeked[partition] = target
+            self._plans[partition] = plan
+            log.info("partition %d: position %d is past the start %d (state dropped at a rebalance): seeking back",
+                     partition, first_offset, target)
+            consumer.seek(tp, target)
             return None
-        return max(first_offset, committed)
+        start = max(first_offset, target)
+        self._recover(partition, plan, start)
+        return start
 
-    def _recover(self, partition: int, first_offset: int) -> None:
-        """Build partition state starting at ``first_offset``: read back the outputs for already released records."""
-        assert self._reader is not None and self._producer is not None and self._backend is not None
+    def _scan_ledger(self, partition: int, committed: int | None) -> RecoveryPlan:
+        """Recovery steps a-c: the backward scan of the partition's ledger partition."""
+        assert self._reader is not None and self._ledger is not None
+        reader, topic = self._reader, self.ledger_topic
+        lp = self._ledger.partition_for(topic, partition)
+        chunk = self.cfg.service.readback_chunk
+        group = self.cfg.kafka.group_id
+        scan = self._retry_mid_run(f"partition {partition}: ledger scan", lambda: reader.scan_ledger(
+            topic, lp, LedgerScan(self.cfg.topics.input, partition, committed, group=group), chunk))
+        plan = scan.finish()
+        if plan.foreign_groups:
+            raise LedgerConflictError(
+                f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
+                f"service is group {group!r}: each service (consumer group, set of output topics) needs its own "
+                f"ledger; set topics.ledger (default <input>.ledger)")
+        if plan.conflicts:
+            log.error("partition %d: ledger %s holds offsets in two different entries (first: %s): accounted once "
+                      "here, the audit reports them", partition, topic, plan.conflicts[:3])
+        if plan.corrupt:
+            log.warning("partition %d: %d ledger record(s) are not entries of this partition (first: %s); skipped",
+                        partition, len(plan.corrupt), plan.corrupt[0])
+        return plan
+
+    def _recover(self, partition: int, plan: RecoveryPlan, start: int) -> None:
+        """Recovery steps d-e: complete what the ledger promised, write the new incarnation's first checkpoint,
+        create the partition's pipeline."""
+        assert self._reader is not None and self._producer is not None and self._ledger is not None
+        assert self._backend is not None
         t0 = time.monotonic()
-        released: set[int] = set()
-        horizon = -1
-        n_read = 0
-        reader = self._reader
-        for topic in (self.cfg.topics.anon, self.cfg.topics.suppressed, self.cfg.topics.dlq):
-            scan = ReadBackScan(self.cfg.topics.input, partition, first_offset)
-            out_part = self._producer.partition_for(topic, partition)
+        reader, chunk = self._reader, self.cfg.service.readback_chunk
+        presence = OutputPresence()
+        ends: dict[str, int] = {}
+        for role, topic in self._role_topic.items():
+            op = self._producer.partition_for(topic, partition)
+            since = (plan.scan_from or {}).get(role)
 
-            def scan_topic(t: str = topic, s: ReadBackScan = scan, op: int = out_part) -> ReadBackScan:
-                return reader.scan(t, op, s, self.cfg.service.readback_chunk)
+            def scan(t: str = topic, o: int = op, s: int | None = since) -> tuple[list[Any], int]:
+                return reader.read_forward(t, o, s, chunk)
 
-            self._retry_mid_run(f"partition {partition}: read-back of {topic}", scan_topic)
-            released |= scan.released
-            horizon = max(horizon, scan.horizon)
-            n_read += scan.messages_read
-        self._backend.create(CreatePartition(partition, first_offset, tuple(sorted(released)), horizon,
-                                             secrets.token_hex(3)))
-        self.states[partition] = PartitionStatus(partition, watermark=first_offset, next_offset=first_offset)
+            def end(t: str = topic, o: int = op) -> int:
+                return reader.bounds(t, o)[1]
+
+            if plan.pending:  # which promised outputs are there (step d)
+                msgs, ends[role] = self._retry_mid_run(f"partition {partition}: scan of {topic}", scan)
+                presence.add_many(role, msgs)
+            elif since is None:  # where this incarnation's outputs will land, at the earliest
+                ends[role] = self._retry_mid_run(f"partition {partition}: end of {topic}", end)
+        incarnation = secrets.token_hex(4)
+        box = PartitionOutbox.from_recovery(plan, incarnation=incarnation, ends=ends, group=self.cfg.kafka.group_id)
+        resend = outputs_to_resend(plan.pending, presence)
+        if resend:
+            receipt = self._producer.send([self._output(partition, m) for m in resend])
+            self._producer.flush()
+            for d in receipt.deliveries():
+                box.acked(self._topic_role[d.topic], d.offset)
+                self.metrics.outputs_resent.labels(topic=d.topic).inc()
+            self.totals.resent += len(resend)
+        ck = box.checkpoint(start, plan.horizon)
+        self._ledger.send([OutputMessage("ledger", self.ledger_topic, partition, ck.key, ck.encode())])
+        self._ledger.flush()
+        horizon = max(plan.horizon, start - 1)
+        self._backend.create(CreatePartition(partition, start, tuple(sorted(plan.accounted)), horizon, incarnation))
+        self.states[partition] = PartitionStatus(partition, watermark=start, next_offset=start, horizon=horizon)
+        self.outboxes[partition] = box
         self.totals.recoveries += 1
-        log.info("partition %d: starting at offset %d; read back %d output messages in %.2f s: %d records at or "
-                 "after it already released (will be skipped), horizon %d", partition, first_offset, n_read,
-                 time.monotonic() - t0, len(released), horizon)
+        log.info("partition %d: starting at offset %d (incarnation %s); ledger scan read %d records: %d offsets at or "
+                 "after it already accounted (will be skipped), %d entries after the last checkpoint, %d outputs "
+                 "re-sent, horizon %d; %.2f s", partition, start, incarnation, plan.records_read, len(plan.accounted),
+                 len(plan.pending), len(resend), horizon, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ accounting
-    def _account(self, partition: int, s: BatchStats, elapsed: float, n_msgs: int) -> None:
+    def _account(self, res: PartitionResult) -> None:
+        partition, s = res.partition, res.stats
         m, t, topic = self.metrics, self.totals, self.cfg.topics.input
         t.consumed += s.consumed
         t.released += s.released
-        t.suppressed += s.suppressed
         t.skipped += s.skipped
+        t.control += s.control
         t.classes += len(s.class_sizes)
         t.loss_sum += s.released_loss_sum
         if s.consumed:
             m.records_consumed.labels(topic=topic).inc(s.consumed)
         if s.released:
             m.records_released.labels(topic=self.cfg.topics.anon).inc(s.released)
-        if s.suppressed:
-            m.records_suppressed.labels(reason="delay_bound").inc(s.suppressed)
+        for reason, n in s.suppressed.items():
+            t.suppressed += n
+            t.suppressed_reasons[reason] = t.suppressed_reasons.get(reason, 0) + n
+            m.records_suppressed.labels(reason=reason).inc(n)
         if s.skipped:
             m.records_duplicate_skipped.labels(topic=topic).inc(s.skipped)
         for reason, n in s.dead_letters.items():
@@ -355,14 +601,27 @@ class MainPath:
             t.dead_letter_reasons[reason] = t.dead_letter_reasons.get(reason, 0) + n
             m.records_dead_lettered.labels(reason=reason).inc(n)
             log.warning("partition %d: %d message(s) dead-lettered (%s)", partition, n, reason)
+        for release, n, detail in s.gate_refusals:
+            t.gate_refusals += 1
+            m.k_anonymity_violations.inc()
+            log.error("partition %d: the pre-publish gate refused class %s (%d records, suppressed with reason gate, "
+                      "not published): %s", partition, release, n, detail)
+        for stage, offset, line in s.internal_errors:
+            t.internal_errors += 1
+            m.internal_errors.labels(stage=stage).inc()
+            where = f"offset {offset}" if offset is not None else "no single message"
+            log.error("partition %d: internal error in %s at %s: %s; %s", partition, stage, where, line,
+                      "the message is dead-lettered (internal_error), the partition goes on"
+                      if stage in ("decode", "engine", "flush") else "its records are suppressed (gate)"
+                      if stage == "encode" else "the partition goes on")
         m.release_delay_arrivals.observe_many(s.delays)
         m.release_delay_seconds.observe_many(s.ingest_latency_seconds)
         m.class_information_loss.observe_many(s.class_losses)
         m.class_size.observe_many(s.class_sizes)
         if s.released or s.suppressed:
             m.gt_loss.set(t.gt_loss)
-        if n_msgs:
-            m.processing_seconds.observe(elapsed / n_msgs)
+        if res.n_messages:
+            m.processing_seconds.observe(res.elapsed / res.n_messages)
         st = self.states.get(partition)
         if st is not None:
             m.buffered_records.labels(partition=str(partition)).set(st.buffered)
@@ -377,36 +636,50 @@ class MainPath:
                 self.highwater[p] = int(hw)
                 self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - st.next_offset))
 
-    # ------------------------------------------------------------------ commits
-    def _watermarks(self, partitions: list[int] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+    # ------------------------------------------------------------------ commits (steps 3-6)
+    def _checkpoint(self, partitions: list[int]) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Step 4 for ``partitions`` (after :meth:`_settle_outbox`): a checkpoint for each whose watermark or
+        entries moved; returns the watermarks to commit (step 5)."""
+        assert self._ledger is not None
         topic = self.cfg.topics.input
-        out = {}
-        for p in partitions if partitions is not None else list(self.states):
-            st = self.states.get(p)
-            if st is None:
+        offsets = {}
+        checkpoints = []
+        for p in partitions:
+            st, box = self.states.get(p), self.outboxes.get(p)
+            if st is None or box is None:
                 continue
+            last = box.last_checkpoint
+            if p in self._dirty or last is None or last.watermark != st.watermark:
+                ck = box.checkpoint(st.watermark, st.horizon)
+                checkpoints.append(OutputMessage("ledger", self.ledger_topic, p, ck.key, ck.encode()))
+                self._dirty.discard(p)
             if self.committed.get(p) != st.watermark:
-                out[TopicPartition(topic, p)] = OffsetAndMetadata(st.watermark, None, -1)
-        return out
+                offsets[TopicPartition(topic, p)] = OffsetAndMetadata(st.watermark, None, -1)
+        if checkpoints:
+            self._ledger.send(checkpoints)
+            if self._ledger.flush():
+                self._broker_answered()
+        return offsets
 
     def _commit(self, *, sync: bool = False) -> None:
-        """Flush (every output of every finished batch acknowledged), then commit each partition's watermark.
+        """Steps 3-5: everything collected acknowledged, checkpoints, then commit each partition's watermark.
 
-        The watermarks are those reported with the finished batches whose outputs were just flushed; batches
-        still in a worker are not covered (their partitions' watermarks stay where they were).
+        The watermarks are those reported with the finished batches whose entries and outputs were just
+        acknowledged; batches still in a worker are not covered (their partitions' watermarks stay where they
+        were).  A synchronous commit (at shutdown) writes its tombstones (step 6) at once.
         """
-        assert self._producer is not None and self._consumer is not None
-        if self._producer.flush():
-            self._broker_answered()
-        offsets = self._watermarks()
+        assert self._consumer is not None
+        self._settle_outbox()
+        offsets = self._checkpoint(list(self.states))
         if not offsets:
             return
         try:
             if sync:
                 self._consumer.commit(offsets, timeout_ms=self.cfg.kafka.request_timeout_ms)
+                self._confirmed.append({tp.partition: om.offset for tp, om in offsets.items()})
             else:
                 self._consumer.commit_async(offsets, callback=self._commit_done)
-        except KafkaError as e:  # e.g. CommitFailedError after a rebalance: the new owner re-reads from its watermark
+        except KafkaError as e:  # e.g. CommitFailedError after a rebalance: the new owner recovers from the ledger
             log.warning("commit of %s failed: %r", {tp.partition: o.offset for tp, o in offsets.items()}, e)
             return
         for tp, om in offsets.items():
@@ -416,55 +689,85 @@ class MainPath:
     def _commit_done(self, offsets: dict[TopicPartition, OffsetAndMetadata], response: object) -> None:
         if isinstance(response, Exception):
             log.warning("asynchronous commit failed (%r); the next commit supersedes it", response)
+            for tp, om in offsets.items():
+                if self.committed.get(tp.partition) == om.offset:
+                    del self.committed[tp.partition]  # commit it again
+            return
+        self._confirmed.append({tp.partition: om.offset for tp, om in offsets.items()})
+
+    def _write_tombstones(self) -> None:
+        """Step 6: once a commit is confirmed, tombstones for the ledger keys no recovery can need (compaction
+        removes them; nothing waits for their acknowledgement)."""
+        if not self._confirmed:
+            return
+        assert self._ledger is not None
+        msgs = []
+        for commit in self._confirmed:
+            for p, offset in commit.items():
+                box = self.outboxes.get(p)
+                if box is not None:
+                    msgs += [OutputMessage("ledger", self.ledger_topic, p, key, None) for key in box.tombstones(offset)]
+        self._confirmed.clear()
+        if msgs:
+            self._ledger.send(msgs)
 
     def on_revoked(self, partitions: list[int]) -> None:
-        """Rebalance: finish in-flight batches, commit what is safe for the revoked partitions (async: no
-        blocking consumer call), drop their state."""
+        """Rebalance: finish in-flight batches, steps 1-4, commit what is safe for the revoked partitions (async:
+        no blocking consumer call), drop their state."""
         owned = [p for p in partitions if p in self.states]
+        for p in partitions:
+            self._plans.pop(p, None)
         if not owned:
             return
-        assert self._producer is not None and self._consumer is not None and self._backend is not None
+        assert self._consumer is not None and self._backend is not None
         self._collect(wait_all=True)
-        self._producer.flush()
-        offsets = self._watermarks(owned)
+        self._settle_outbox()
+        offsets = self._checkpoint(owned)
         if offsets:
             self._consumer.commit_async(offsets, callback=self._commit_done)
         self._backend.drop(owned)
         for p in owned:
             self._seeked.pop(p, None)
             st = self.states.pop(p)
+            self.outboxes.pop(p, None)
+            self._dirty.discard(p)
             self.committed.pop(p, None)
             log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "
-                     "rebuilds them)", p, st.watermark, st.buffered)
+                     "recovers them from the ledger)", p, st.watermark, st.buffered)
             self.metrics.buffered_records.labels(partition=str(p)).set(0)
             self.metrics.open_clusters.labels(partition=str(p)).set(0)
 
     def _shutdown(self, *, clean: bool = True) -> bool:
-        """Finish (when ``clean``: last outputs, final commit) and close; False if the broker was unreachable."""
+        """Finish (when ``clean``: last entries and outputs, checkpoints, final commit) and close; False if the
+        broker was unreachable."""
         ok = True
         try:
             if clean and self._backend is not None:
                 self._collect(wait_all=True)
             if clean and self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
+                self._write_tombstones()
+                if self._ledger is not None:
+                    self._ledger.flush()
         except BrokerUnavailableError as e:
             ok = False
-            log.error("%s; stopping without committing them (a restart re-reads from the committed watermarks)", e)
+            log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
         except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
-            log.warning("final commit failed: %r (the next start re-reads from the last committed watermark)", e)
+            log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
         for closer in (self._consumer, self._reader):
             try:
                 if closer is not None:
                     closer.close()
             except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
                 log.debug("close failed: %r", e)
-        if self._producer is not None:
-            self._producer.close(timeout_s=10.0)
+        for producer in (self._producer, self._ledger):
+            if producer is not None:
+                producer.close(timeout_s=10.0)
         if self._backend is not None:
             self._backend.close()
-        log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d",
-                 self.totals.consumed, self.totals.released, self.totals.suppressed, self.totals.dead_lettered,
-                 self.totals.skipped)
+        t = self.totals
+        log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d, "
+                 "control %d", t.consumed, t.released, t.suppressed, t.dead_lettered, t.skipped, t.control)
         return ok
 
 
@@ -477,10 +780,12 @@ def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
 def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
                 registry: CollectorRegistry | None = None) -> int:
     """``stream-anon run``: the main path (and, when enabled, the side paths: :mod:`stream_anon.service.supervisor`),
-    with an embedded broker when no ``kafka.bootstrap_servers`` is configured.  Returns the exit code."""
+    with an embedded broker when no ``kafka.bootstrap_servers`` is configured.  The release secret is resolved
+    once, here, and handed to every process.  Returns the exit code."""
     stop_event = stop_event or threading.Event()
     registry = registry or CollectorRegistry()
     metrics = ServiceMetrics(registry)
+    cfg, secret = with_release_secret(cfg)
     broker: EmbeddedBroker | None = None
     if not cfg.kafka.bootstrap_servers:
         broker = EmbeddedBroker().start()
@@ -491,7 +796,7 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         start_metrics(cfg, registry)
         side = SidePaths(cfg, metrics, stop_event)
         try:
-            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event).run()
+            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated).run()
         finally:
             stop_event.set()
             side.stop()

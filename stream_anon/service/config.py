@@ -108,12 +108,17 @@ class TopicSettings:
     kmeans: str = _SIDE_TOPICS.kmeans
     dlq: str = _SIDE_TOPICS.dlq
     suppressed: str = "adult.suppressed"
+    ledger: str | None = None  # the internal ledger (compacted); None = "<input>.ledger"
     create: bool = True  # create missing topics at start
     partitions: int = 1  # partitions of topics the service creates (outputs get as many as the input has)
     replication_factor: int = 1
 
     def outputs(self) -> dict[str, str]:
         return {"anon": self.anon, "suppressed": self.suppressed, "dlq": self.dlq}
+
+    def ledger_topic(self) -> str:
+        """The ledger's name: ``ledger``, or ``<input>.ledger`` when unset."""
+        return self.ledger or f"{self.input}.ledger"
 
     def side(self) -> dict[str, str]:
         return {"krr": self.krr, "rs": self.rs, "blap": self.blap, "estimates": self.estimates,
@@ -139,8 +144,8 @@ class AnonymizationSettings:
     loss: str = "gt"  # gt | lm | ubdsa
     leftover: str = "suppress"  # suppress | leftover
     delta_leftover: int | None = None
-    l: int | None = None  # noqa: E741  (l-diversity, CASTLE's extension)
-    zeta: int | None = None  # None = the engine's default
+    l: int | None = 2  # noqa: E741  (l-diversity, CASTLE's extension; null: none, see docs/threat-model.md)
+    zeta: int | None = 0  # CASTLE's cluster reuse: the service requires 0 (docs/threat-model.md)
     max_age: int | None = None
     max_delay_seconds: float | None = None
     adaptive_delay: bool = False
@@ -266,9 +271,9 @@ class Config:
         for name, ok, allowed, value in checks:
             if not ok:
                 raise ConfigError(f"option {name}: expected {allowed}, got {value!r}")
-        names = [t.input, *t.outputs().values()]
+        names = [t.input, *t.outputs().values(), t.ledger_topic()]
         if len(set(names)) != len(names):
-            raise ConfigError(f"topics: input and output topics must differ, got {names}")
+            raise ConfigError(f"topics: input, output and ledger topics must differ, got {names}")
         try:
             self.release_options()
         except ReleaseConfigError as e:
@@ -284,6 +289,7 @@ class Config:
             a.engine_config(seed=a.seed)
         except EngineConfigError as e:
             raise ConfigError(f"option anonymization.{e.parameter}: expected {e.allowed}, got {e.value!r}") from None
+        _check_service_privacy(a, schema)
         if self.side_paths.enabled and s.side_paths_mode != "off":
             try:
                 plan_side_paths(self.side_paths, schema, np.random.default_rng(0))
@@ -310,6 +316,28 @@ class Config:
         if d["release"].get("secret"):
             d["release"]["secret"] = "***"
         return d
+
+
+def _check_service_privacy(a: AnonymizationSettings, schema: Schema) -> None:
+    """The service's threat-model defaults (docs/threat-model.md): no cluster reuse; l-diversity that the
+    schema's sensitive attribute can satisfy."""
+    if a.zeta != 0:
+        got = "null (the engine's default reuse)" if a.zeta is None else repr(a.zeta)
+        raise ConfigError(f"option anonymization.zeta: CASTLE's cluster reuse publishes single records, which a "
+                          f"reader of the anon topic can re-identify by arrival time; the service requires 0, got "
+                          f"{got} (docs/threat-model.md)")
+    if a.l is None or a.l <= 1:
+        return
+    if not schema.sensitive:
+        raise ConfigError(f"option anonymization.l: l-diversity (default 2 in the service) needs a sensitive "
+                          f"attribute and schema {schema.name!r} has none; set anonymization.l: null to release "
+                          f"k-anonymous classes without it (docs/threat-model.md)")
+    attr = schema.sensitive[0]
+    values = attr.domain_values
+    if values and len(values) < a.l:
+        raise ConfigError(f"option anonymization.l: expected at most the {len(values)} distinct value(s) of the "
+                          f"sensitive attribute {attr.name!r} of schema {schema.name!r}, got {a.l}; set "
+                          f"anonymization.l: null to release without l-diversity (docs/threat-model.md)")
 
 
 def option_names(obj: object | None = None, prefix: str = "") -> list[str]:

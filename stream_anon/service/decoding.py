@@ -66,6 +66,11 @@ DLQ_REASON_MEANINGS: dict[str, str] = {
     "engine_error": "the anonymization engine refused a record the decoder accepted (main path only)",
     "internal_error": "a bug: processing the message raised an unexpected exception (the error holds its last "
                       "line); the partition moves on",
+    "corrupt_record": "the Kafka client could not read the record (e.g. a header key that is not UTF-8): only "
+                      "its position is known (main path)",
+    "control_header_on_record": "a message with a value carries the control header: a flush marker has no value, "
+                                "so it is not a flush (main path)",
+    "unknown_control": "a message without value whose control header is not 'flush' (main path)",
 }
 DLQ_REASONS: tuple[str, ...] = tuple(DLQ_REASON_MEANINGS)
 

@@ -5,9 +5,15 @@ Data: ``--adult PATH`` / ``$STREAM_ANON_ADULT``; else the UCI file is downloaded
 ``datasets.ADULT_SHA256``) into ``~/.cache/stream-anon``; offline, the synthetic ADULT-shaped generator of
 ``replay_tools.synthetic`` is used and the summary says so.
 
+The summary reads the internal ledger (:mod:`stream_anon.service.audit`): every input record accounted exactly
+once, every promised output published exactly once, the public classes verified independently (k, l, QI strings)
+and, joined with the original records through the ledger's record ids, every generalization covering its members.
+
 The run directory (``--run-dir``, default ``runs/demo-<timestamp>``) receives ``summary.json``,
-``released.csv`` (the ``anonymize --output`` layout: record_id, class_id, QIs..., sensitive) and
-``config.json`` (passwords redacted); ``stream-anon report RUN_DIR`` reads it.
+``released.csv`` in the public layout of ``anonymize --output`` (class_id, QIs..., sensitive: what a reader of the
+anon topic gets, no record ids) with its meta file ``released.csv.meta.json``, ``delays.json`` (the released
+records' delays, sorted) and ``config.json`` (passwords and the release secret redacted); ``stream-anon report
+RUN_DIR`` reads it.
 """
 
 from __future__ import annotations
@@ -40,14 +46,19 @@ from stream_anon.core.datasets import (
 )
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
-from stream_anon.core.verify import verify_release_frame
+from stream_anon.core.verify import ReleaseRoles, verify_release_frame, write_release_meta
 from stream_anon.service.app import MainPath, MainPathTotals, start_metrics
-from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
+from stream_anon.service.audit import (
+    collect_outputs,
+    partition_ends,
+    read_topic_with_headers,
+    send_flush_markers,
+)
 from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.supervisor import SidePaths
-from stream_anon.service.wiring import load_schema
+from stream_anon.service.wiring import load_schema, with_release_secret
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +116,13 @@ def download_adult(target: Path, timeout_s: float = 20.0) -> Path:
     return target
 
 
-def _percentiles(values: pd.Series) -> dict[str, float | None]:
+def _percentiles(values: pd.Series, population: str) -> dict[str, Any]:
+    """p50/p99/max/mean of the numeric values, with ``n`` and the ``population`` they describe."""
     v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
     if v.size == 0:
-        return {"p50": None, "p99": None, "max": None, "mean": None}
+        return {"p50": None, "p99": None, "max": None, "mean": None, "n": 0, "population": population}
     return {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)), "max": float(v.max()),
-            "mean": float(v.mean())}
+            "mean": float(v.mean()), "n": int(v.size), "population": population}
 
 
 def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = None, rate: float = 0.0,
@@ -135,6 +147,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     assert bs is not None
     # the side paths' exact statistics beside the estimates, to print estimate errors (demo only: NOT private)
     cfg = dataclasses.replace(cfg, side_paths=dataclasses.replace(cfg.side_paths, truth=True))
+    cfg, secret = with_release_secret(cfg)  # once, for the main path, its workers and the side paths
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
     try:
@@ -146,7 +159,8 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
         except OSError as e:
             print(f"demo: metrics endpoint not started ({e}); continuing without it", file=sys.stderr)
         schema = load_schema(cfg)
-        main = MainPath(cfg, metrics=metrics, schema=schema, stop_event=stop_event)
+        main = MainPath(cfg, metrics=metrics, schema=schema, stop_event=stop_event,
+                        secret_generated=secret.generated)
         main_thread = threading.Thread(target=main.run, name="main-path", daemon=True)
         main_thread.start()
         side = _start_side(cfg, metrics, stop_event)
@@ -208,7 +222,8 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
         print(f"  report:        {report}  (open it in a browser)")
     except Exception as e:  # the report is a convenience: never fail the demo on it
         log.warning("demo: report not written: %s", e)
-    return 0 if summary["k_anonymity"]["verified"] and summary["records_unaccounted"] == 0 else 1
+    ok = summary["k_anonymity"]["verified"] and summary["accounting"]["ok"] and summary["records_unaccounted"] == 0
+    return 0 if ok else 1
 
 
 def _start_side(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths | None:
@@ -233,57 +248,79 @@ def _summarize(cfg: Config, schema: Schema, bs: str, n: int, source: str, origin
                seconds_total: float) -> dict[str, Any]:
     qis = [a.name for a in schema.qis]
     sens = [a.name for a in schema.sensitive]
-    snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
-                           qis=qis, sensitive=sens, client_options=cfg.kafka.security_options())
+    a, t = cfg.anonymization, cfg.topics
+    ends = partition_ends(bs, t.input, client_options=cfg.kafka.security_options())  # records + end-of-stream markers
+    snap = collect_outputs(bs, input_topic=t.input, ledger=t.ledger_topic(), anon=t.anon, suppressed=t.suppressed,
+                           dlq=t.dlq, qis=qis, sensitive=sens, input_ends=ends,
+                           client_options=cfg.kafka.security_options())
     df = snap.records
-    released = df[df.outcome == "released"] if len(df) else df
-    n_supp = int((df.outcome == "suppressed").sum()) if len(df) else 0
-    n_dlq = int((df.outcome == "dlq").sum()) if len(df) else 0
-    table = released[["record_id", "class_id", *qis, *sens]].astype({"record_id": str, "class_id": str})
+    released = df[df.outcome == "released"]
+    rep_acc = snap.accounting
+    # the public table: what a reader of the anon topic gets (verified for k, l and the QI strings)
+    table = snap.public
     table.to_csv(out_dir / "released.csv", index=False)
-    loss = summarize_release_frame(table, schema, cfg.anonymization.k, records_suppressed=n_supp)
-    rep = verify_release_frame(table, qis, cfg.anonymization.k, cfg.anonymization.l, sens[0] if sens else None,
-                               schema=schema, original=original, original_id="id")
-    accounted_ids = df.record_id.astype(str) if len(df) else pd.Series([], dtype=str)
-    duplicates = int(accounted_ids.duplicated().sum())
+    roles = ReleaseRoles(class_id="class_id", quasi_identifiers=tuple(qis), sensitive=tuple(sens),
+                         source="stream-anon demo", withheld_person_id=schema.person_id)
+    write_release_meta(out_dir / "released.csv", roles, schema=schema.name, k=a.k, l=a.l, records=len(table),
+                       classes=snap.classes, class_size_counts="records", row_order="release order of the classes; "
+                       "rows of a class by sensitive value", class_ids="opaque random 128-bit ids (the anon topic's)")
+    n_supp = rep_acc.outcomes.get("suppressed", 0)
+    members = released[["record_id", "class_id", *qis]].astype({"record_id": str})  # internal: ids from the ledger
+    loss = summarize_release_frame(members, schema, a.k, records_suppressed=n_supp)
+    rep = verify_release_frame(table, qis, a.k, a.l, sens[0] if sens else None, record_id=None, schema=schema)
+    violations = list(rep.violations)
+    coverage = None
+    if original is not None and len(released):  # each member's original values, joined through the ledger's ids
+        coverage = verify_release_frame(members, qis, a.k, schema=schema, original=original,
+                                        original_id=schema.record_id or "id")
+        violations += coverage.violations
+    published_ok = all(c.ok for c in snap.published.values())
     summary: dict[str, Any] = {
         "data_source": source,
         "synthetic": original is None,
         "bootstrap_servers": bs,
-        "parameters": {"k": cfg.anonymization.k, "delta": cfg.anonymization.delta, "beta": cfg.anonymization.beta,
-                       "mu": cfg.anonymization.mu, "algorithm": cfg.anonymization.algorithm,
-                       "loss": cfg.anonymization.loss, "leftover": cfg.anonymization.leftover,
-                       "l": cfg.anonymization.l, "partitions": replay.partitions},
+        "parameters": {"k": a.k, "delta": a.delta, "beta": a.beta, "mu": a.mu, "algorithm": a.algorithm,
+                       "loss": a.loss, "leftover": a.leftover, "l": a.l, "zeta": a.zeta,
+                       "partitions": replay.partitions},
         "records_in": n,
         "records_replayed": replay.records_acked,
-        "records_released": int(len(released)),
+        "records_released": rep_acc.outcomes.get("released", 0),
         "records_suppressed": n_supp,
-        "records_dead_lettered": n_dlq,
-        "records_unaccounted": n - int(accounted_ids.nunique()) if len(df) else n,
-        "records_duplicated": duplicates,
-        "classes": int(released.class_id.nunique()) if len(released) else 0,
+        "records_dead_lettered": rep_acc.outcomes.get("dead_lettered", 0),
+        "suppressed_reasons": dict(rep_acc.suppressed_reasons),
+        "dead_letter_reasons": dict(rep_acc.dlq_reasons),
+        "records_unaccounted": len(rep_acc.missing),
+        "records_duplicated": len(rep_acc.duplicates),
+        "end_of_stream_markers": rep_acc.outcomes.get("control", 0),
+        "classes": snap.classes,
+        "accounting": {"ok": bool(snap.ok), "source": f"ledger {t.ledger_topic()}",
+                       "published_exactly_once": {role: c.ok for role, c in snap.published.items()},
+                       "problems": snap.problems[:20]},
         "loss": loss.as_dict(),
         "gt_loss": float(loss.gt_loss),
         "lm_loss": float(loss.lm_loss),
         "lm_loss_normalized": float(loss.lm_loss_normalized),
-        "delay_arrivals": _percentiles(df["delay"]) if len(df) else {},
-        "delay_positions": _percentiles(df["position_delay"]) if len(df) else {},
-        "latency_seconds": _percentiles(df["latency_s"]) if "latency_s" in df else {},
-        "k_anonymity": {"verified": bool(rep.ok), "violations": rep.violations[:20], "classes": rep.classes,
-                        "min_class_size": rep.min_class_size, "coverage_checked": original is not None},
+        "delay_arrivals": _percentiles(released["delay"], "released records"),
+        "delay_positions": _percentiles(released["position_delay"], "released records"),
+        "latency_seconds": _percentiles(released["latency_s"], "released records"),
+        "k_anonymity": {"verified": bool(rep.ok and (coverage is None or coverage.ok) and published_ok),
+                        "violations": violations[:20], "classes": rep.classes, "min_class_size": rep.min_class_size,
+                        "l": a.l, "coverage_checked": coverage is not None},
         "side_paths": side,
         "replay_records_per_second": replay.rate_achieved,
         "seconds_replay_to_all_released": seconds_to_release,
         "seconds_total": seconds_total,
         "records_per_second_end_to_end": n / seconds_to_release if seconds_to_release > 0 else None,
-        "topics": {"input": cfg.topics.input, **cfg.topics.outputs(), **cfg.topics.side()},
-        "files": {"released_csv": "released.csv", "config": "config.json"},
+        "topics": {"input": t.input, **t.outputs(), "ledger": t.ledger_topic(), **t.side()},
+        "files": {"released_csv": "released.csv", "released_meta": "released.csv.meta.json",
+                  "config": "config.json"},
     }
-    delays: dict[str, Any] = {"bound": cfg.anonymization.delta}
+    delays: dict[str, Any] = {"bound": a.delta, "population": "released records, sorted"}
     if len(released):
-        delays["arrivals"] = [int(x) for x in released["delay"]]
-        if "latency_s" in released:
-            delays["seconds"] = [float(x) for x in released["latency_s"]]
+        delays["arrivals"] = sorted(int(x) for x in released["delay"].dropna())
+        secs = released["latency_s"].dropna()
+        if len(secs):
+            delays["seconds"] = sorted(float(x) for x in secs)
     (out_dir / "delays.json").write_text(json.dumps(delays))
     estimates = _latest_side_estimates(bs, cfg)
     if estimates:
@@ -346,9 +383,11 @@ def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
         f"  records:     in {s['records_in']:,}  released {s['records_released']:,}  suppressed "
         f"{s['records_suppressed']:,}  dead-lettered {s['records_dead_lettered']:,}  unaccounted "
         f"{s['records_unaccounted']:,}  duplicated {s['records_duplicated']:,}",
-        f"  classes:     {s['classes']:,} (min size {s['k_anonymity']['min_class_size']}); k-anonymity "
+        f"  classes:     {s['classes']:,} (min size {s['k_anonymity']['min_class_size']}); k-anonymity"
+        f"{' and l=' + str(s['k_anonymity']['l']) + '-diversity' if s['k_anonymity']['l'] else ''} "
         f"{'VERIFIED' if s['k_anonymity']['verified'] else 'VIOLATED'} by the independent checker"
         f"{' (with coverage of the originals)' if s['k_anonymity']['coverage_checked'] else ''}",
+        f"  accounting:  {'every record accounted once in the ledger, every output published once' if s['accounting']['ok'] else 'NOT OK: ' + '; '.join(s['accounting']['problems'][:3])}",
         f"  loss:        GT {s['gt_loss']:.4f}  LM {s['lm_loss']:.3f} ({s['lm_loss_normalized']:.4f} per QI)",
         f"  delay:       arrivals p50 {_fmt(d.get('p50'), 0)} p99 {_fmt(d.get('p99'), 0)} max {_fmt(d.get('max'), 0)}"
         f" (partition positions max {_fmt(pd_.get('max'), 0)}); ingest-to-release seconds p50 "

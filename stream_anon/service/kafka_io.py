@@ -1,5 +1,6 @@
-"""Kafka clients of the service (kafka-python): connection with retry/backoff, topics, the consumer, the backward
-reader recovery uses, and the error types of the Kafka layer.  The producer is :mod:`stream_anon.service.producer`.
+"""Kafka clients of the service (kafka-python): connection with retry/backoff, topics (the ledger compacted), the
+consumer, the partition reader recovery uses (ledger backwards, outputs forwards), and the error types of the Kafka
+layer.  The producer is :mod:`stream_anon.service.producer`.
 
 Kafka transactions are NOT used (Tansu shows aborted transactional records to ``read_committed`` consumers).
 """
@@ -13,10 +14,10 @@ from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from stream_anon.service.config import Config
-from stream_anon.service.pipeline import ReadBackScan
+from stream_anon.service.ledger import LedgerRecord, LedgerScan
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +95,27 @@ def connect_admin(cfg: Config, *, on_retry: Callable[[], None] | None = None,
     return retry("connect", attempt, cfg, on_retry=on_retry, stop=stop)
 
 
-def ensure_topics(admin: KafkaAdminClient, cfg: Config, names: Sequence[str] | None = None) -> dict[str, int]:
-    """Create the missing ones of ``names`` (default: input, outputs and side topics) when ``topics.create``;
-    returns topic -> partition count.
+LEDGER_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+"""Topic configuration of the ledger (docs/threat-model.md, "Bounded growth")."""
 
-    Output topics get at least as many partitions as the input, so output partition = input partition.
+
+def ensure_topics(admin: KafkaAdminClient, cfg: Config, names: Sequence[str] | None = None) -> dict[str, int]:
+    """Create the missing ones of ``names`` (default: input, ledger, outputs and side topics) when
+    ``topics.create``; returns topic -> partition count.
+
+    Output topics and the ledger get at least as many partitions as the input, so output partition = ledger
+    partition = input partition; the ledger is created compacted (:data:`LEDGER_TOPIC_CONFIG`).
     """
     t = cfg.topics
-    wanted = list(dict.fromkeys(names if names is not None else [t.input, *t.outputs().values(), *t.side().values()]))
+    ledger = t.ledger_topic()
+    wanted = list(dict.fromkeys(names if names is not None else
+                                [t.input, ledger, *t.outputs().values(), *t.side().values()]))
     existing = set(admin.list_topics())
     counts = _partition_counts(admin, [n for n in wanted if n in existing])
     n_input = counts.get(t.input, t.partitions)
-    to_create = [NewTopic(n, max(t.partitions, n_input), t.replication_factor) for n in wanted if n not in existing]
+    to_create = [NewTopic(n, max(t.partitions, n_input), t.replication_factor,
+                          topic_configs=dict(LEDGER_TOPIC_CONFIG) if n == ledger else {})
+                 for n in wanted if n not in existing]
     if to_create and t.create:
         try:
             admin.create_topics(to_create)
@@ -143,8 +153,9 @@ def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
     )
 
 
-class OutputReader:
-    """Reads output-topic partitions backwards in chunks (recovery read-back); no consumer group."""
+class PartitionReader:
+    """Reads single partitions for recovery: the ledger backwards in chunks, output partitions forwards; no
+    consumer group (it never disturbs the group's membership).  Also answers ``ping`` (is the broker there?)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -161,39 +172,81 @@ class OutputReader:
         so asking never disturbs the group's membership or a rebalance in progress."""
         self.consumer.beginning_offsets([TopicPartition(topic, partition)], timeout_ms=timeout_ms)
 
-    def _bounds(self, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    def bounds(self, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
+        """(first offset, end offset) of a partition (the end from a fetch's highwater: Tansu's
+        ``end_offsets()`` is wrong)."""
+        tp = TopicPartition(topic, partition)
         c = self.consumer
         c.assign([tp])
         begin = int(c.beginning_offsets([tp])[tp] or 0)
         c.seek(tp, begin)
         deadline = time.monotonic() + timeout_s
-        while c.highwater(tp) is None:  # Tansu: end_offsets() is wrong; highwater comes with a fetch
+        while c.highwater(tp) is None:
             c.poll(timeout_ms=200, max_records=1)
             if time.monotonic() > deadline:
-                raise KafkaTimeoutError(f"read-back: no fetch response for {tp} within {timeout_s} s")
-        return begin, int(c.highwater(tp))
+                raise KafkaTimeoutError(f"no fetch response for {tp} within {timeout_s} s")
+        return begin, int(c.highwater(tp))  # type: ignore[arg-type]
 
-    def scan(self, topic: str, out_partition: int, scan: ReadBackScan, chunk: int) -> ReadBackScan:
-        """Feed ``scan`` with the partition's messages, last chunk first, until it is satisfied."""
-        tp = TopicPartition(topic, out_partition)
-        begin, end = self._bounds(tp)
+    def _read(self, tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
+        """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset)."""
         c = self.consumer
+        c.seek(tp, lo)
+        got: list[Any] = []
+        deadline = time.monotonic() + 60.0
+        while c.position(tp) < hi:
+            recs = c.poll(timeout_ms=500, max_records=max_records).get(tp, [])
+            got.extend(r for r in recs if lo <= r.offset < hi)
+            if recs:
+                deadline = time.monotonic() + 60.0
+            elif time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for 60 s")
+        return got
+
+    def scan_ledger(self, topic: str, partition: int, scan: LedgerScan, chunk: int) -> LedgerScan:
+        """Feed ``scan`` with the ledger partition's records, last chunk first, until it is satisfied (recovery
+        step b)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
         hi = end
         while hi > begin:
             lo = max(begin, hi - chunk)
-            c.seek(tp, lo)
-            got: list[tuple[bytes | None, Sequence[tuple[str, bytes]]]] = []
-            deadline = time.monotonic() + 60.0
-            while True:
-                recs = c.poll(timeout_ms=500, max_records=chunk).get(tp, [])
-                for r in recs:
-                    if lo <= r.offset < hi:
-                        got.append((r.value, r.headers or ()))
-                if c.position(tp) >= hi:
-                    break
-                if time.monotonic() > deadline:
-                    raise KafkaTimeoutError(f"read-back of {tp} [{lo}, {hi}) made no progress for 60 s")
-            if scan.add_chunk(got):
+            recs = self._read(tp, lo, hi, chunk)
+            if scan.add_chunk([LedgerRecord(r.offset, r.key, r.value) for r in recs]):
                 break
             hi = lo
         return scan
+
+    def read_forward(self, topic: str, partition: int, start: int | None,
+                     chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]:
+        """(key, value) of every record of the partition from ``start`` (None: its beginning) to its end, and
+        the end offset (recovery step d)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
+        lo = begin if start is None else max(begin, start)
+        out: list[tuple[bytes | None, bytes | None]] = []
+        while lo < end:
+            hi = min(end, lo + chunk)
+            out.extend((r.key, r.value) for r in self._read(tp, lo, hi, chunk))
+            lo = hi
+        return out, end
+
+    def first_readable(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> bool:
+        """Whether the record at ``offset`` can be read (False: the client raises CorruptRecordError there).
+        Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on)."""
+        tp = TopicPartition(topic, partition)
+        c = self.consumer
+        c.assign([tp])
+        c.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                recs = c.poll(timeout_ms=200, max_records=1).get(tp, [])
+                if recs:
+                    return True
+                if c.highwater(tp) is not None and offset >= int(c.highwater(tp)):  # type: ignore[arg-type]
+                    return True  # nothing there to read
+            return True
+        except CorruptRecordError:
+            return False
+        finally:
+            c.seek(tp, offset + 1)

@@ -154,6 +154,15 @@ class LedgerEntry:
         outputs: the promised output messages (``class``/``suppressed``/``dlq``: exactly one, of the kind's
             role; ``control``: none).
         incarnation: tag of the service incarnation that made it (diagnostics).
+        trigger: ``class``/``suppressed``: the input offset whose arrival (or end-of-stream marker) released
+            the records (None: not recorded, e.g. a wall-clock expiry without arrival).
+        delays: ``class``/``suppressed``: arrivals each record waited in the engine, same order as ``offsets``
+            (empty: not recorded).
+        latency_ms: same order: milliseconds from the input message's timestamp to its release (None where
+            the input had no timestamp; empty: not recorded).
+
+    The timing fields are internal (the ledger is an internal topic): the demo summary, the crash test's delay
+    check and ``bench service`` read them; the public class message has none of them.
     """
 
     kind: str
@@ -166,6 +175,9 @@ class LedgerEntry:
     class_id: str | None = None
     outputs: tuple[EncodedMessage, ...] = ()
     incarnation: str = ""
+    trigger: int | None = None
+    delays: tuple[int, ...] = ()
+    latency_ms: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ENTRY_KINDS:
@@ -194,6 +206,15 @@ class LedgerEntry:
                                     f"got {self.reason!r}")
         if self.kind == KIND_DLQ and not isinstance(self.reason, str):
             raise LedgerFormatError("dlq entry: reason missing")
+        t = self.trigger
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise LedgerFormatError(f"trigger: expected an offset >= 0 or null, got {t!r}")
+        for name, values, nullable in (("delays", self.delays, False), ("latency_ms", self.latency_ms, True)):
+            if values and len(values) != len(offs):
+                raise LedgerFormatError(f"{name}: {len(values)} values for {len(offs)} offsets")
+            if any(not (nullable and v is None) and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
+                   for v in values):
+                raise LedgerFormatError(f"{name}: expected integers >= 0{' or null' if nullable else ''}")
 
     @property
     def release_id(self) -> str:
@@ -229,6 +250,12 @@ class LedgerEntry:
             body["class"] = self.class_id
         body["out"] = outs
         body["inc"] = self.incarnation
+        if self.trigger is not None:
+            body["trig"] = self.trigger
+        if self.delays:
+            body["delays"] = list(self.delays)
+        if self.latency_ms:
+            body["lat_ms"] = list(self.latency_ms)
         return canonical_json(body)
 
 
@@ -243,6 +270,9 @@ class Checkpoint:
         ends: output role -> end offset (next offset) of the output partition as acknowledged by the producer
             (a lower bound of where any later output lands).
         seq, incarnation: make the key unique (``<topic>/<partition>/checkpoint/<incarnation>/<seq>``).
+        group: the consumer group of the service that wrote it (empty: not recorded).  A ledger belongs to one
+            group (one service, one set of output topics): recovery refuses a ledger that holds another group's
+            checkpoints (:attr:`RecoveryPlan.foreign_groups`).
     """
 
     topic: str
@@ -252,8 +282,11 @@ class Checkpoint:
     ends: tuple[tuple[str, int], ...]
     seq: int
     incarnation: str
+    group: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.group, str):
+            raise LedgerFormatError(f"checkpoint group: expected text, got {self.group!r}")
         for name in ("partition", "watermark", "seq"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -276,7 +309,8 @@ class Checkpoint:
     def encode(self) -> bytes:
         return canonical_json({"v": LEDGER_VERSION, "t": "checkpoint", "topic": self.topic, "p": self.partition,
                                "watermark": self.watermark, "horizon": self.horizon, "ends": dict(self.ends),
-                               "seq": self.seq, "inc": self.incarnation})
+                               "seq": self.seq, "inc": self.incarnation,
+                               **({"grp": self.group} if self.group else {})})
 
 
 def _int(d: Mapping[str, Any], name: str) -> int:
@@ -314,7 +348,7 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
                 raise LedgerFormatError("field 'ends': expected an object")
             return Checkpoint(topic=_str(body, "topic"), partition=_int(body, "p"), watermark=_int(body, "watermark"),
                               horizon=_int(body, "horizon"), ends=tuple(sorted(ends.items())), seq=_int(body, "seq"),
-                              incarnation=_str(body, "inc"))
+                              incarnation=_str(body, "inc"), group=_str(body, "grp") if "grp" in body else "")
         offs = body.get("offsets")
         if not isinstance(offs, list):
             raise LedgerFormatError("field 'offsets': expected a list")
@@ -332,10 +366,18 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
             if val is None:
                 raise LedgerFormatError("output value: missing")
             outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val))
+        timing: dict[str, Any] = {}
+        if body.get("trig") is not None:
+            timing["trigger"] = _int(body, "trig")
+        for name, field_name in (("delays", "delays"), ("lat_ms", "latency_ms")):
+            v = body.get(name, [])
+            if not isinstance(v, list):
+                raise LedgerFormatError(f"field {name!r}: expected a list")
+            timing[field_name] = tuple(v)
         return LedgerEntry(kind=_str(body, "t"), topic=_str(body, "topic"), partition=_int(body, "p"),
                            offsets=tuple(offs), horizon=_int(body, "horizon"), record_ids=tuple(ids),
                            reason=_str(body, "reason", nullable=True), class_id=_str(body, "class", nullable=True),
-                           outputs=tuple(outs), incarnation=_str(body, "inc"))
+                           outputs=tuple(outs), incarnation=_str(body, "inc"), **timing)
     except LedgerFormatError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as e:  # any other shape problem: still "corrupt"
@@ -352,6 +394,24 @@ class LedgerRecord:
 
 
 # ---------------------------------------------------------------------------------------------- entry factory
+@dataclass(frozen=True)
+class Timing:
+    """Internal per-record timing of one release (see :class:`LedgerEntry`): the releasing arrival's offset,
+    the arrivals each record waited, and ingest-to-release milliseconds (None: no input timestamp)."""
+
+    trigger: int | None
+    delays: Sequence[int] = ()
+    latency_ms: Sequence[int | None] = ()
+
+
+def _ordered_timing(timing: Timing | None, order: Sequence[int]) -> dict[str, Any]:
+    if timing is None:
+        return {}
+    return {"trigger": timing.trigger,
+            "delays": tuple(int(timing.delays[i]) for i in order) if timing.delays else (),
+            "latency_ms": tuple(timing.latency_ms[i] for i in order) if timing.latency_ms else ()}
+
+
 class EntryFactory:
     """Builds the ledger entries (with their output messages) of one input partition's decisions (pure).
 
@@ -376,17 +436,17 @@ class EntryFactory:
 
     def released_class(self, *, offsets: Sequence[int], record_ids: Sequence[Any],
                        members: Sequence[Mapping[str, Any]], generalized: Mapping[str, str], size: int, loss: float,
-                       horizon: int) -> tuple[LedgerEntry, GateResult | None]:
+                       horizon: int, timing: Timing | None = None) -> tuple[LedgerEntry, GateResult | None]:
         """A ``class`` entry promising the public class message, or (the gate refused the class) a
         ``suppressed`` entry with reason ``gate``.  ``offsets``/``record_ids``/``members``: same order, the
         members' source offsets, INPUT record ids and original records.  With a gate, the published ``size`` is
-        the gate's own count of distinct individuals."""
+        the gate's own count of distinct individuals.  ``timing``: internal per-record timing (same order)."""
         verdict = None
         if self.gate is not None:
             verdict = self.gate.check(generalized, members, record_ids)
             if not verdict.ok:
                 return self.suppressed(offsets=offsets, record_ids=record_ids, reason="gate", horizon=horizon,
-                                       detail=verdict.describe()), verdict
+                                       detail=verdict.describe(), timing=timing), verdict
             size = verdict.individuals
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
@@ -394,16 +454,17 @@ class EntryFactory:
         assert msg.key is not None
         return LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
                            horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
-                           outputs=(msg,), incarnation=self.incarnation), verdict
+                           outputs=(msg,), incarnation=self.incarnation,
+                           **_ordered_timing(timing, order)), verdict
 
     def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
-                   detail: str | None = None) -> LedgerEntry:
+                   detail: str | None = None, timing: Timing | None = None) -> LedgerEntry:
         msg = suppressed_message(input_topic=self.topic, partition=self.partition, offsets=offsets,
                                  record_ids=record_ids, reason=reason, detail=detail)
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         return LedgerEntry(KIND_SUPPRESSED, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
                            horizon, record_ids=tuple(record_ids[i] for i in order), reason=reason, outputs=(msg,),
-                           incarnation=self.incarnation)
+                           incarnation=self.incarnation, **_ordered_timing(timing, order))
 
     def dead_letter(self, *, offset: int, reason: str, field: str | None, error: str | None, value: bytes | None,
                     key: bytes | None, horizon: int) -> LedgerEntry:
@@ -428,10 +489,11 @@ class PartitionOutbox:
     """
 
     def __init__(self, topic: str, partition: int, *, incarnation: str, ends: Mapping[str, int] | None = None,
-                 horizon: int = -1) -> None:
+                 horizon: int = -1, group: str = "") -> None:
         self.topic = topic
         self.partition = partition
         self.incarnation = incarnation
+        self.group = group
         self._ends: dict[str, int] = {r: int(e) for r, e in (ends or {}).items()}
         self.horizon = horizon
         self._seq = 0
@@ -440,15 +502,15 @@ class PartitionOutbox:
         self.last_checkpoint: Checkpoint | None = None
 
     @classmethod
-    def from_recovery(cls, plan: RecoveryPlan, *, incarnation: str,
-                      ends: Mapping[str, int] | None = None) -> PartitionOutbox:
+    def from_recovery(cls, plan: RecoveryPlan, *, incarnation: str, ends: Mapping[str, int] | None = None,
+                      group: str = "") -> PartitionOutbox:
         """The outbox of a new incarnation after recovery: ends = the plan's checkpoint ends raised by ``ends``
         (e.g. the output partitions' highwater read during the re-send scan); remembers the keys the scan saw
         so that they are tombstoned too."""
         merged = dict(plan.scan_from or {})
         for r, e in (ends or {}).items():
             merged[r] = max(merged.get(r, 0), int(e))
-        box = cls(plan.topic, plan.partition, incarnation=incarnation, ends=merged, horizon=plan.horizon)
+        box = cls(plan.topic, plan.partition, incarnation=incarnation, ends=merged, horizon=plan.horizon, group=group)
         for last, key in plan.seen_entries:
             heapq.heappush(box._entries, (last, key))
         box._checkpoints = list(plan.seen_checkpoints)
@@ -475,7 +537,7 @@ class PartitionOutbox:
         self.horizon = h
         self._seq += 1
         ck = Checkpoint(self.topic, self.partition, watermark, h, tuple(sorted(self._ends.items())), self._seq,
-                        self.incarnation)
+                        self.incarnation, self.group)
         self._checkpoints.append((ck.horizon, ck.key))
         self.last_checkpoint = ck
         return ck
@@ -518,6 +580,8 @@ class RecoveryPlan:
         corrupt: (ledger offset, what is wrong) of messages that are not ledger records of this partition.
         records_read, tombstones: counts.
         seen_entries / seen_checkpoints: (last offset, key) / (horizon, key) of what was read (tombstones).
+        foreign_groups: consumer groups other than the scan's own that wrote checkpoints read by the scan: the
+            ledger is shared by two services, a configuration error (the plan must not be used).
     """
 
     topic: str
@@ -534,6 +598,7 @@ class RecoveryPlan:
     tombstones: int = 0
     seen_entries: tuple[tuple[int, bytes], ...] = ()
     seen_checkpoints: tuple[tuple[int, bytes], ...] = ()
+    foreign_groups: tuple[str, ...] = ()
 
 
 class LedgerScan:
@@ -547,10 +612,12 @@ class LedgerScan:
     ``corrupt`` and skipped; identical re-writes of one entry count once.
     """
 
-    def __init__(self, topic: str, partition: int, committed: int | None) -> None:
+    def __init__(self, topic: str, partition: int, committed: int | None, *, group: str = "") -> None:
         self.topic = topic
         self.partition = partition
         self.committed = committed
+        self.group = group
+        self.foreign_groups: set[str] = set()
         self.done = False
         self.records_read = 0
         self.tombstones = 0
@@ -580,6 +647,8 @@ class LedgerScan:
                 continue
             self._horizon = max(self._horizon, item.horizon)
             if isinstance(item, Checkpoint):
+                if self.group and item.group and item.group != self.group:
+                    self.foreign_groups.add(item.group)
                 self._checkpoints.append((item.horizon, item.key))
                 if self.checkpoint is None:
                     self.checkpoint = item
@@ -625,7 +694,7 @@ class LedgerScan:
             conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
             corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
             seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
-            seen_checkpoints=tuple(reversed(self._checkpoints)))
+            seen_checkpoints=tuple(reversed(self._checkpoints)), foreign_groups=tuple(sorted(self.foreign_groups)))
 
 
 class OutputPresence:
@@ -712,8 +781,10 @@ class LedgerAccounting:
     control marker exactly once) and :meth:`check_published` (every promised output on its topic exactly
     once, nothing else there)."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, *, keep_entries: bool = False) -> None:
         self.topic = topic
+        self.keep_entries = keep_entries
+        self.entries: list[tuple[int, LedgerEntry]] = []  # (partition, entry), each entry once (keep_entries)
         self._outcome: dict[tuple[int, int], str] = {}
         self._values: dict[bytes, bytes] = {}
         self._report = AccountingReport()
@@ -744,6 +815,8 @@ class LedgerAccounting:
                 continue
             self._values[item.key] = rec.value
             rep.entries += 1
+            if self.keep_entries:
+                self.entries.append((partition, item))
             outcome = item.outcome
             for i, o in enumerate(item.offsets):
                 k = (partition, o)

@@ -115,8 +115,8 @@ class ServiceMetrics:
         self.class_size = BulkHistogram("stream_anon_class_size", "Records per released equivalence class",
                                     buckets=CLASS_SIZE_BUCKETS, registry=r)
         self.k_anonymity_violations = Counter("stream_anon_k_anonymity_violations",
-                                              "Released classes that failed the independent k/l check before publishing",
-                                              registry=r)
+                                              "Classes the pre-publish gate refused (below k or l, or a member outside "
+                                              "the generalization): suppressed, not published", registry=r)
         self.k_parameter = Gauge("stream_anon_k", "Configured k", registry=r)
         # -- buffer
         self.open_clusters = Gauge("stream_anon_open_clusters", "Clusters not yet released", ["partition"], registry=r)
@@ -127,6 +127,12 @@ class ServiceMetrics:
                                   ["topic", "partition"], registry=r)
         self.commit_watermark = Gauge("stream_anon_commit_watermark",
                                       "Committed offset: lowest offset still buffered", ["topic", "partition"], registry=r)
+        self.internal_errors = Counter("stream_anon_internal_errors",
+                                       "Bugs caught by the pipeline's guard (the message dead-lettered as "
+                                       "internal_error, or the release suppressed), by stage", ["stage"], registry=r)
+        self.outputs_resent = Counter("stream_anon_outputs_resent",
+                                      "Outputs the ledger promised and recovery found missing, re-sent byte for byte",
+                                      ["topic"], registry=r)
         self.processing_seconds = BulkHistogram("stream_anon_processing_seconds", "Engine time per record",
                                             buckets=PROCESSING_BUCKETS, registry=r)
         self.produce_errors = Counter("stream_anon_produce_errors", "Produce requests that failed and were retried",

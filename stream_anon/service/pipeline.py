@@ -1,84 +1,114 @@
-"""The service's stream logic, pure: messages in, messages out (no Kafka, no clocks, no metrics imports).
+"""The service's stream logic, pure: messages in, ledger entries out (no Kafka, no clocks, no metrics imports).
 
 One :class:`PartitionPipeline` per input partition holds that partition's engine
-(``stream_anon.core.engine.Engine``), the offsets still buffered and the set of offsets already released
-before a restart.  ``process(messages)`` decodes and validates each input message, sends bad ones to
-the dead-letter topic (reason + original bytes), skips the ones already released, pushes the rest
-through the engine and turns releases into output messages:
+(``stream_anon.core.engine.Engine``), the offsets still buffered and the offsets already accounted in the
+ledger before a restart.  ``process(messages)`` turns every input message into exactly one outcome, written as
+a :class:`~stream_anon.service.ledger.LedgerEntry` (built by an :class:`~stream_anon.service.ledger.EntryFactory`,
+which runs the pre-publish gate and builds the output message each entry promises):
 
-* ``anon``: ONE message per released equivalence class (atomic: a crash can never publish part of a
-  class, which could leave a class below k on the topic), JSON with the generalized QIs, the class's
-  k/l/delta/loss/size and one entry per record (record id, source offset, sensitive value, delay);
-* ``suppressed``: one message per suppression (record ids and source offsets, no QI values);
-* ``dlq``: value = the original bytes, reason and source position in headers.
+* a valid record is pushed through the engine; each release becomes a ``class`` entry (promising ONE public
+  class message, :mod:`stream_anon.service.release`: atomic, so a class is never published in part) or, when
+  the gate refuses the class or the engine suppresses records, a ``suppressed`` entry;
+* a bad message becomes a ``dlq`` entry (the reason from :class:`~stream_anon.service.decoding.RecordDecoder`,
+  or one of :data:`PIPELINE_DLQ_REASONS`);
+* an end-of-stream marker (header ``stream-anon-control: flush`` on a message WITHOUT value) flushes the engine
+  and becomes a ``control`` entry, so it is accounted like every other input offset;
+* an offset the ledger already accounts for (``accounted``, from recovery) is skipped.
 
-Every output message names its source partition and carries the partition's *horizon* (the highest
-input offset any incarnation of the service had consumed when the message was sent).  Recovery reads the
-output topics backwards until it meets a message of the partition whose horizon is below the restart
-offset: everything before it only holds records below the restart offset (:class:`ReadBackScan`).
-Release ids are deterministic: ``<input topic>/<partition>/<offset>`` of each source record.
+The ledger protocol (send the entries, then their outputs; checkpoints; recovery) is the Kafka loop's job
+(:mod:`stream_anon.service.app`, :mod:`stream_anon.service.ledger`).
+
+**Guard** (no message can stop a partition): decoding, the engine's push and the encoding of one message run
+under a guard.  Whatever a bug still throws there dead-letters that message with reason ``internal_error`` and
+the exception's last line (:func:`last_line`), and the partition moves on; a release that cannot be encoded is
+suppressed with reason ``gate`` (its records are not lost, nothing is published).  A record the engine may still
+hold after its push failed is dropped from any later release (it is already dead-lettered), so no offset is
+accounted twice.  The failures are reported in :class:`BatchStats` (``internal_errors``) for the log and the
+``stream_anon_internal_errors_total`` counter.
 
 The commit watermark of a partition is the lowest offset still buffered (or the next offset to read when
-nothing is buffered): committing it after the producer acknowledged every output loses nothing.
+nothing is buffered).
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import traceback
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.engine.release import Release
 from stream_anon.core.schema import Schema
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
+from stream_anon.service.ledger import EntryFactory, LedgerEntry, Timing
+from stream_anon.service.release import release_id
 
-# header names on output messages
+# Header names of the dead letters the side paths still write (stream_anon/side/app.py imports them); the main
+# path's outputs carry no headers.
 H_SRC_TOPIC = "src.topic"
 H_SRC_PARTITION = "src.partition"
 H_SRC_OFFSET = "src.offset"
-H_HORIZON = "src.horizon"
 H_KIND = "kind"
 H_REASON = "dlq.reason"
 H_ERROR = "dlq.error"
 H_FIELD = "dlq.field"
-H_TRUNCATED = "dlq.original-length"
+
+REASON_INTERNAL_ERROR = "internal_error"
+"""A bug threw while handling the message (decoding, engine push, encoding): the exception's last line is in the
+log and, with ``dlq.payload: raw``, in the dead letter's ``error``."""
+REASON_CORRUPT_RECORD = "corrupt_record"
+"""The Kafka client could not read the record (e.g. a header key that is not UTF-8): only its position is known."""
+REASON_CONTROL_ON_RECORD = "control_header_on_record"
+"""A message with a value carries the control header: a flush marker has no value, so it is not a flush."""
+REASON_UNKNOWN_CONTROL = "unknown_control"
+"""A message without value whose control header is not ``flush``."""
+PIPELINE_DLQ_REASONS = (REASON_INTERNAL_ERROR, REASON_CORRUPT_RECORD, REASON_CONTROL_ON_RECORD,
+                        REASON_UNKNOWN_CONTROL)
+"""Dead-letter reasons the pipeline adds to the decoder's (``decoding.DLQ_REASONS``)."""
+
+MAX_DEAD_HELD = 10_000
+"""Offsets remembered as dead-lettered after a failed engine push (dropped from later releases); bounded."""
 
 
 @dataclass(frozen=True)
 class InputMessage:
-    """One consumed input message (what the Kafka layer hands the pipeline)."""
+    """One consumed input message (what the Kafka layer hands the pipeline).  ``corrupt``: the client could not
+    read the record at ``offset`` (its error text); value, key and headers are then unknown."""
 
     offset: int
     value: bytes | None
     key: bytes | None = None
-    headers: Sequence[tuple[str, bytes]] = ()
+    headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp_ms: int | None = None
+    corrupt: str | None = None
 
 
 @dataclass(frozen=True)
 class OutputMessage:
-    """One message to produce; ``kind`` is ``anon`` | ``suppressed`` | ``dlq`` (the topic role)."""
+    """One message to produce: ``kind`` names what it is (``ledger``, ``anon``, ``suppressed``, ``dlq``, or a side
+    path's kind), ``topic``, the input partition it derives from (output partition = that mod the topic's
+    partitions), key, value (None: a tombstone) and headers."""
 
     kind: str
     topic: str
     src_partition: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass
 class BatchStats:
-    """What one ``process``/``flush`` call did, for metrics (the caller owns the metrics)."""
+    """What one ``process``/``flush``/``expire`` call did, for metrics and logs (the caller owns both)."""
 
     consumed: int = 0
     released: int = 0
-    suppressed: int = 0
+    suppressed: dict[str, int] = field(default_factory=dict)  # reason -> records
     skipped: int = 0
     control: int = 0
     dead_letters: dict[str, int] = field(default_factory=dict)
@@ -87,66 +117,27 @@ class BatchStats:
     class_losses: list[float] = field(default_factory=list)
     class_sizes: list[int] = field(default_factory=list)
     released_loss_sum: float = 0.0  # sum over released records of their class loss (GT numerator)
-    engine_seconds: float = 0.0
+    gate_refusals: list[tuple[str, int, str]] = field(default_factory=list)  # (release id, records, what failed)
+    internal_errors: list[tuple[str, int | None, str]] = field(default_factory=list)  # (stage, offset, last line)
+
+    @property
+    def suppressed_total(self) -> int:
+        return sum(self.suppressed.values())
 
 
 @dataclass
 class BatchResult:
-    outputs: list[OutputMessage]
+    entries: list[LedgerEntry]
     stats: BatchStats
 
 
-# ---------------------------------------------------------------------------------------------- recovery
-@dataclass
-class ReadBackScan:
-    """Collects, from output messages read *backwards* in chunks, the offsets of one input partition that
-    are already released at or above ``threshold`` (the first offset the new owner will consume).
-
-    Feed each output topic separately: ``add_chunk(chunk)`` with chunks in backward order (each chunk in
-    forward order) and stop once it returns True (a message of this partition with horizon < threshold
-    was seen: everything before it holds only offsets < threshold) or the topic's beginning is reached.
-    """
-
-    src_topic: str
-    src_partition: int
-    threshold: int
-    released: set[int] = field(default_factory=set)
-    horizon: int = -1
-    messages_read: int = 0
-
-    def add_chunk(self, chunk: Sequence[tuple[bytes | None, Sequence[tuple[str, bytes]]]]) -> bool:
-        """``chunk``: (value, headers) of consecutive output messages.  Returns True when done."""
-        done = False
-        for value, headers in chunk:
-            self.messages_read += 1
-            h = dict(headers)
-            try:
-                if h.get(H_SRC_TOPIC, b"").decode() != self.src_topic or \
-                        int(h.get(H_SRC_PARTITION, b"-1")) != self.src_partition:
-                    continue
-                horizon = int(h[H_HORIZON])
-            except (KeyError, ValueError, UnicodeDecodeError):
-                continue  # not written by this service
-            self.horizon = max(self.horizon, horizon)
-            if horizon < self.threshold:
-                done = True
-                continue
-            for off in output_offsets(value, h):
-                if off >= self.threshold:
-                    self.released.add(off)
-                    self.horizon = max(self.horizon, off)
-        return done
-
-
-def output_offsets(value: bytes | None, headers: Mapping[str, bytes]) -> list[int]:
-    """Source offsets an output message accounts for (class/suppressed: every record; DLQ: one)."""
-    kind = headers.get(H_KIND, b"").decode()
-    if kind == "dlq":
-        return [int(headers[H_SRC_OFFSET])]
-    if value is None:
-        return []
-    body = json.loads(value)
-    return [int(r["src_offset"]) for r in body.get("records", ())]
+def last_line(e: BaseException) -> str:
+    """The exception's type and message, and where it was raised (innermost frame): ``"KeyError: 'x' (castle.py:
+    412 in push)"``; one line, at most 500 characters."""
+    msg = " ".join(traceback.format_exception_only(type(e), e)[-1].split())
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({PurePath(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    return (msg + where)[:500]
 
 
 # ---------------------------------------------------------------------------------------------- per partition
@@ -155,56 +146,56 @@ class PipelineSettings:
     """What the pure pipeline needs from the configuration."""
 
     input_topic: str
-    anon_topic: str
-    suppressed_topic: str
-    dlq_topic: str
     k: int
     delta: int
     l: int | None = None  # noqa: E741
     max_message_bytes: int = 65536
-    dlq_max_bytes: int = 1000000
     encode_in_batches: bool = True  # one engine.encode_many per run of records; False: engine.push per record
+    max_delay: int | None = None  # the engine's longest delay bound in arrivals (delta, or delta_leftover if larger)
+
+    @property
+    def orphan_after(self) -> int:
+        """Arrivals after which a record the engine should have released long ago is suppressed by the pipeline
+        (only a broken engine leaves one): twice the engine's longest bound."""
+        return 2 * max(self.delta, self.max_delay or 0)
 
 
 class PartitionPipeline:
-    """The main path of one input partition: decode, validate, dedupe, engine, encode.
+    """The main path of one input partition: decode, validate, dedupe, engine, ledger entries.
 
     Args:
         partition: the input partition.
-        schema: record schema (QIs/sensitive set).
+        schema: record schema (QIs/sensitive set, record id field; without one the record's identity is its
+            source position ``<topic>/<partition>/<offset>``).
         engine: a fresh engine (``Engine(schema, config)``) owned by this partition.
-        settings: topic names and limits.
-        incarnation: short unique tag of this engine instance; prefixes class ids so classes of different
-            incarnations (before and after a restart) never share an id.
+        settings: topic name and limits.
+        entries: builds the ledger entries (gate, class message, suppressed message, dead letter).
         start_offset: the first offset this instance will consume.
-        already_released: offsets >= start_offset released before the restart (from :class:`ReadBackScan`).
-        horizon: the highest input offset consumed by any earlier incarnation (from the read-back).
+        accounted: offsets >= start_offset the ledger already accounts for (recovery): skipped.
+        horizon: the highest input offset consumed by any earlier incarnation (recovery).
     """
 
     def __init__(self, partition: int, schema: Schema, engine: EngineLike, settings: PipelineSettings, *,
-                 incarnation: str, start_offset: int, already_released: Iterable[int] = (), horizon: int = -1,
-                 clock: Callable[[], float] | None = None) -> None:
+                 entries: EntryFactory, start_offset: int, accounted: Iterable[int] = (),
+                 horizon: int = -1) -> None:
         self.partition = partition
         self.schema = schema
         self.engine = engine
         self.settings = settings
-        self.incarnation = incarnation
+        self.entries = entries
         self.decoder = RecordDecoder(schema, settings.max_message_bytes)
         self.start_offset = start_offset
         self.next_offset = start_offset
         self.horizon = max(horizon, start_offset - 1)
-        self.already_released: set[int] = {o for o in already_released if o >= start_offset}
-        self._clock = clock
+        self.accounted: set[int] = {o for o in accounted if o >= start_offset}
         self._buffered: dict[int, tuple[Any, float | None]] = {}  # offset -> (record id, ingest timestamp s)
         self._heap: list[int] = []
-        self._id_field = schema.record_id or "id"
-        self._sensitive = [a.name for a in schema.sensitive]
+        self._dead: dict[int, None] = {}  # offsets dead-lettered after a failed push (insertion ordered)
+        self._id_field = schema.record_id
+        self._engine_id = schema.record_id or "id"  # the field the engine tracks records by
         self._qis = [a.name for a in schema.qis]
         self._qi_getter = operator.itemgetter(*self._qis) if len(self._qis) > 1 else (
             lambda rec: (rec[self._qis[0]],))
-        self._release_prefix = f"{settings.input_topic}/{partition}/"
-        self._src_headers = ((H_SRC_TOPIC, settings.input_topic.encode()),
-                             (H_SRC_PARTITION, str(partition).encode()))
 
     # ---------------------------------------------------------------- state
     @property
@@ -220,7 +211,7 @@ class PartitionPipeline:
         return heap[0] if heap else self.next_offset
 
     def release_id(self, offset: int) -> str:
-        return f"{self._release_prefix}{offset}"
+        return release_id(self.settings.input_topic, self.partition, offset)
 
     # ---------------------------------------------------------------- processing
     def process(self, messages: Sequence[InputMessage], now: float | None = None) -> BatchResult:
@@ -230,7 +221,7 @@ class PartitionPipeline:
         (``engine.encode_many`` + ``push_encoded``, unless ``settings.encode_in_batches`` is off), in arrival
         order; a control message ends the run before it flushes.
         """
-        out: list[OutputMessage] = []
+        out: list[LedgerEntry] = []
         stats = BatchStats()
         run: list[tuple[InputMessage, dict[str, Any]]] = []
         for m in messages:
@@ -239,31 +230,95 @@ class PartitionPipeline:
             self.next_offset = m.offset + 1
             if m.offset > self.horizon:
                 self.horizon = m.offset
-            if m.headers and _is_flush(m.headers):
-                self._push_run(run, out, stats, now)
-                run = []
-                stats.control += 1
-                self._emit(self.engine.flush(now), m.offset, out, stats, now)
-                continue
-            stats.consumed += 1
-            if m.offset in self.already_released:
-                self.already_released.discard(m.offset)
+            control = m.corrupt is None and _has_control(m.headers)
+            if m.offset in self.accounted:
+                self.accounted.discard(m.offset)
                 stats.skipped += 1
+                stats.consumed += not control
                 continue
-            rec = self.decoder.decode(m.value)
-            if isinstance(rec, DeadLetter):
-                out.append(self._dead_letter(m, rec))
-                stats.dead_letters[rec.reason] = stats.dead_letters.get(rec.reason, 0) + 1
+            if not control:
+                stats.consumed += 1
+            try:
+                rec = self._classify(m, control, out, stats)
+                if rec is None:  # accounted already (dead letter)
+                    continue
+                if rec is _FLUSH:
+                    self._push_run(run, out, stats, now)
+                    run = []
+                    self._flush_marker(m, out, stats, now)
+                    continue
+                assert isinstance(rec, dict)
+                rid = rec[self._id_field] if self._id_field is not None else self.release_id(m.offset)
+                rec[self._engine_id] = m.offset  # the engine tracks records by source offset (unique)
+            except Exception as e:  # the guard: a bug on this message dead-letters it, the partition goes on
+                self._internal_error(m, "decode", e, out, stats)
                 continue
-            rid = rec[self._id_field]
-            rec[self._id_field] = m.offset  # the engine tracks records by source offset (unique)
             self._buffered[m.offset] = (rid, m.timestamp_ms / 1000.0 if m.timestamp_ms is not None else None)
             heapq.heappush(self._heap, m.offset)
             run.append((m, rec))
         self._push_run(run, out, stats, now)
+        self._sweep_orphans(out, stats)
         return BatchResult(out, stats)
 
-    def _push_run(self, run: Sequence[tuple[InputMessage, dict[str, Any]]], out: list[OutputMessage],
+    def _sweep_orphans(self, out: list[LedgerEntry], stats: BatchStats, *, everything: bool = False) -> None:
+        """Suppress (reason ``delay_bound``) the records buffered for more than ``orphan_after`` arrivals, or all
+        still buffered after the engine's flush (``everything``): a broken engine lost them (e.g. it failed after
+        taking their release out of its state).  A correct engine never holds a record that long and holds
+        nothing after a flush; if one still releases it later, the release drops it (never accounted twice)."""
+        heap, buffered = self._heap, self._buffered
+        limit = self.next_offset if everything else self.next_offset - self.settings.orphan_after
+        offsets: list[int] = []
+        while heap and heap[0] < limit:
+            off = heapq.heappop(heap)
+            if off in buffered:
+                offsets.append(off)
+        if not offsets:
+            return
+        rids = [buffered.pop(o)[0] for o in offsets]
+        out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
+                                           horizon=self.horizon, detail="the engine did not release it"))
+        stats.suppressed["delay_bound"] = stats.suppressed.get("delay_bound", 0) + len(offsets)
+        what = "still buffered after the engine's flush" if everything else \
+            f"buffered for more than {self.settings.orphan_after} arrivals"
+        stats.internal_errors.append(("sweep", offsets[0], f"{len(offsets)} record(s) {what}: suppressed"))
+
+    def _classify(self, m: InputMessage, control: bool, out: list[LedgerEntry],
+                  stats: BatchStats) -> dict[str, Any] | object | None:
+        """The record of ``m``, or :data:`_FLUSH` for an end-of-stream marker, or None when ``m`` was
+        dead-lettered (the entry is in ``out``)."""
+        if m.corrupt is not None:
+            self._dead_letter(m, DeadLetter(REASON_CORRUPT_RECORD, m.corrupt), out, stats)
+            return None
+        if control:
+            value = _control_value(m.headers)
+            if m.value:
+                self._dead_letter(m, DeadLetter(REASON_CONTROL_ON_RECORD, f"a message of {len(m.value)} bytes "
+                                                f"carries the control header {CONTROL_HEADER!r}: an end-of-stream "
+                                                f"marker has no value; not flushed"), out, stats)
+                return None
+            if value != CONTROL_FLUSH:
+                self._dead_letter(m, DeadLetter(REASON_UNKNOWN_CONTROL, f"control header {CONTROL_HEADER!r} = "
+                                                f"{value!r}; the only control is {CONTROL_FLUSH!r}"), out, stats)
+                return None
+            return _FLUSH
+        rec = self.decoder.decode(m.value)
+        if isinstance(rec, DeadLetter):
+            self._dead_letter(m, rec, out, stats)
+            return None
+        return rec
+
+    def _flush_marker(self, m: InputMessage, out: list[LedgerEntry], stats: BatchStats, now: float | None) -> None:
+        try:
+            releases = self.engine.flush(now)
+        except Exception as e:  # the engine keeps what it holds (released later by the delay bound)
+            self._internal_error(m, "flush", e, out, stats)
+            return
+        self._emit(releases, m.offset, out, stats, now)
+        self._sweep_orphans(out, stats, everything=True)
+        stats.control += 1
+        out.append(self.entries.control(offset=m.offset, horizon=self.horizon))
+
+    def _push_run(self, run: Sequence[tuple[InputMessage, dict[str, Any]]], out: list[LedgerEntry],
                   stats: BatchStats, now: float | None) -> None:
         if not run:
             return
@@ -280,118 +335,160 @@ class PartitionPipeline:
         for i, (m, rec) in enumerate(run):
             try:
                 releases = push(rec, now) if rows is None else push_encoded(rec, rows[i], now)
-            except Exception as e:  # engine refused the record: keep the service running, account for it
+            except Exception as e:  # the engine refused or failed on the record: account for it, go on
                 del self._buffered[m.offset]
-                out.append(self._dead_letter(m, DeadLetter("engine_error", f"engine rejected the record: {e!r}")))
-                stats.dead_letters["engine_error"] = stats.dead_letters.get("engine_error", 0) + 1
+                self._hold_dead(m.offset)
+                self._internal_error(m, "engine", e, out, stats)
                 continue
             if releases:
                 self._emit(releases, m.offset, out, stats, now)
 
     def flush(self, now: float | None = None) -> BatchResult:
-        """Release or suppress everything buffered (end of stream / idle flush)."""
-        out: list[OutputMessage] = []
+        """Release or suppress everything buffered (idle flush)."""
+        out: list[LedgerEntry] = []
         stats = BatchStats()
-        self._emit(self.engine.flush(now), self.next_offset - 1, out, stats, now)
+        try:
+            releases = self.engine.flush(now)
+        except Exception as e:
+            stats.internal_errors.append(("flush", None, last_line(e)))
+            return BatchResult(out, stats)
+        self._emit(releases, self.next_offset - 1, out, stats, now)
+        self._sweep_orphans(out, stats, everything=True)
         return BatchResult(out, stats)
 
     def expire(self, now: float) -> BatchResult:
         """Apply the engine's wall-clock bound (``max_delay_seconds``) without an arrival."""
-        out: list[OutputMessage] = []
+        out: list[LedgerEntry] = []
         stats = BatchStats()
         if self._buffered:
-            self._emit(self.engine.expire(now), self.next_offset - 1, out, stats, now)
+            try:
+                releases = self.engine.expire(now)
+            except Exception as e:
+                stats.internal_errors.append(("expire", None, last_line(e)))
+                return BatchResult(out, stats)
+            self._emit(releases, self.next_offset - 1, out, stats, now)
         return BatchResult(out, stats)
 
-    # ---------------------------------------------------------------- encoding
-    def _emit(self, releases: Sequence[Release], trigger: int, out: list[OutputMessage], stats: BatchStats,
+    # ---------------------------------------------------------------- entries
+    def _emit(self, releases: Sequence[Release], trigger: int, out: list[LedgerEntry], stats: BatchStats,
               now: float | None) -> None:
-        s = self.settings
-        horizon = str(self.horizon).encode()
-        pop = self._buffered.pop
-        sens = self._sensitive
-        prefix = self._release_prefix
-        lat_append = stats.ingest_latency_seconds.append
         for r in releases:
-            offsets = [int(o) for o in r.record_ids]
-            is_class = r.kind == "class"
-            entries = []
-            for off, d, rec in zip(offsets, r.delays, r.records, strict=True):
-                rid, ts = pop(off, (None, None))
-                entry: dict[str, Any] = {"record_id": rid, "src_offset": off, "release_id": prefix + str(off),
-                                         "delay": int(d), "position_delay": trigger - off}
-                if is_class:
-                    for name in sens:
-                        entry[name] = rec[name]
-                if ts is not None and now is not None:
-                    lat = now - ts if now > ts else 0.0
-                    entry["latency_s"] = round(lat, 4)
-                    lat_append(lat)
-                entries.append(entry)
-            stats.delays.extend(r.delays)
-            first = min(offsets) if offsets else trigger
-            body: dict[str, Any] = {
-                "kind": r.kind,
-                "release_id": self.release_id(first),
-                "src_topic": s.input_topic, "src_partition": self.partition,
-                "release_offset": trigger, "horizon": self.horizon,
-                "k": s.k, "l": s.l, "delta": s.delta,
-                "leftover": bool(r.leftover),
-                "records": entries,
-            }
-            if r.kind == "class":
-                class_id = f"p{self.partition}-{self.incarnation}-{r.class_id}"
+            try:
+                self._emit_one(r, trigger, out, stats, now)
+            except Exception as e:  # the release's records are suppressed (nothing published, nothing lost)
+                self._unencodable(r, trigger, e, out, stats)
+
+    def _emit_one(self, r: Release, trigger: int, out: list[LedgerEntry], stats: BatchStats,
+                  now: float | None) -> None:
+        buffered, dead = self._buffered, self._dead
+        offsets: list[int] = []
+        rids: list[Any] = []
+        members: list[Any] = []
+        lat_ms: list[int | None] = []
+        delays: list[int] = []
+        for off, d, rec in zip(r.record_ids, r.delays, r.records, strict=True):
+            off = int(off)
+            if off in dead:  # dead-lettered when its push failed: accounted there
+                continue
+            held = buffered.get(off)
+            if held is None:  # not buffered: released before (an engine bug); never account an offset twice
+                stats.internal_errors.append(("release", off, "the engine released a record it does not hold"))
+                continue
+            rid, ts = held
+            offsets.append(off)
+            rids.append(rid)
+            members.append(rec)
+            delays.append(int(d))
+            if ts is not None and now is not None:
+                lat_ms.append(int((now - ts if now > ts else 0.0) * 1000.0 + 0.5))
+            else:
+                lat_ms.append(None)
+        if offsets:
+            timing = Timing(trigger, delays, lat_ms if any(v is not None for v in lat_ms) else ())
+            out.append(self._entry(r, offsets, rids, members, timing, stats))
+            stats.delays.extend(delays)
+            stats.ingest_latency_seconds.extend(v / 1000.0 for v in lat_ms if v is not None)
+        for off in r.record_ids:  # the entry is built: now the records leave the buffer
+            off = int(off)
+            if off in dead:
+                del dead[off]
+            else:
+                buffered.pop(off, None)
+
+    def _entry(self, r: Release, offsets: list[int], rids: list[Any], members: list[Any], timing: Timing,
+               stats: BatchStats) -> LedgerEntry:
+        if r.kind == "class":
+            entry, verdict = self.entries.released_class(
+                offsets=offsets, record_ids=rids, members=members, generalized=r.generalized, size=int(r.size),
+                loss=float(r.loss), horizon=self.horizon, timing=timing)
+            if verdict is not None and not verdict.ok:
+                stats.gate_refusals.append((entry.release_id, len(offsets), verdict.describe()))
+                stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
+            else:
                 loss = float(r.loss)
-                body.update({"class_id": class_id, "generalized": {q: r.generalized[q] for q in self._qis},
-                             "loss": loss if math.isfinite(loss) else None, "size": int(r.size),
-                             "reused": bool(r.reused)})
                 stats.released += len(offsets)
                 stats.class_losses.append(loss)
-                stats.class_sizes.append(int(r.size))
-                stats.released_loss_sum += loss * len(offsets)
-                topic, kind, key = s.anon_topic, "anon", class_id.encode()
-            else:
-                stats.suppressed += len(offsets)
-                topic, kind, key = s.suppressed_topic, "suppressed", self.release_id(first).encode()
-            value = json.dumps(body, separators=(",", ":")).encode()
-            out.append(OutputMessage(kind, topic, self.partition, key, value,
-                                     (*self._src_headers, (H_SRC_OFFSET, str(first).encode()),
-                                      (H_HORIZON, horizon), (H_KIND, kind.encode()))))
+                stats.class_sizes.append(len(offsets))
+                stats.released_loss_sum += (loss if math.isfinite(loss) else 1.0) * len(offsets)
+            return entry
+        reason = "leftover" if r.leftover else "delay_bound"
+        entry = self.entries.suppressed(offsets=offsets, record_ids=rids, reason=reason, horizon=self.horizon,
+                                        timing=timing)
+        stats.suppressed[reason] = stats.suppressed.get(reason, 0) + len(offsets)
+        return entry
 
-    def _dead_letter(self, m: InputMessage, dl: DeadLetter) -> OutputMessage:
-        value = m.value or b""
-        headers: list[tuple[str, bytes]] = [*self._src_headers, (H_SRC_OFFSET, str(m.offset).encode()),
-                                            (H_HORIZON, str(self.horizon).encode()), (H_KIND, b"dlq"),
-                                            (H_REASON, dl.reason.encode()), (H_ERROR, dl.error[:2000].encode())]
-        if dl.field is not None:
-            headers.append((H_FIELD, str(dl.field).encode()))
-        if len(value) > self.settings.dlq_max_bytes:
-            headers.append((H_TRUNCATED, str(len(value)).encode()))
-            value = value[: self.settings.dlq_max_bytes]
-        return OutputMessage("dlq", self.settings.dlq_topic, self.partition, m.key, value, tuple(headers))
+    def _unencodable(self, r: Release, trigger: int, e: Exception, out: list[LedgerEntry],
+                     stats: BatchStats) -> None:
+        """A release whose entry could not be built: its records (those not yet accounted) are suppressed with
+        reason ``gate`` and the exception as detail."""
+        offsets, rids = [], []
+        for off in r.record_ids:
+            try:
+                off = int(off)
+            except (TypeError, ValueError):
+                continue
+            if off in self._dead:
+                del self._dead[off]
+                continue
+            if off in self._buffered:
+                offsets.append(off)
+                rids.append(self._buffered.pop(off)[0])
+        line = last_line(e)
+        stats.internal_errors.append(("encode", min(offsets) if offsets else trigger, line))
+        if offsets:
+            out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="gate",
+                                               horizon=self.horizon, detail=f"internal error: {line}"))
+            stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
+
+    def _dead_letter(self, m: InputMessage, dl: DeadLetter, out: list[LedgerEntry], stats: BatchStats) -> None:
+        out.append(self.entries.dead_letter(offset=m.offset, reason=dl.reason, field=dl.field, error=dl.error,
+                                            value=m.value, key=m.key, horizon=self.horizon))
+        stats.dead_letters[dl.reason] = stats.dead_letters.get(dl.reason, 0) + 1
+
+    def _internal_error(self, m: InputMessage, stage: str, e: Exception, out: list[LedgerEntry],
+                        stats: BatchStats) -> None:
+        line = last_line(e)
+        stats.internal_errors.append((stage, m.offset, line))
+        self._dead_letter(m, DeadLetter(REASON_INTERNAL_ERROR, f"{stage}: {line}"), out, stats)
+
+    def _hold_dead(self, offset: int) -> None:
+        dead = self._dead
+        dead[offset] = None
+        if len(dead) > MAX_DEAD_HELD:
+            del dead[next(iter(dead))]
 
 
-def _is_flush(headers: Sequence[tuple[str, bytes]]) -> bool:
-    return any(k == CONTROL_HEADER and v == CONTROL_FLUSH for k, v in headers)
+_FLUSH = object()
+"""Marker: the message is an end-of-stream flush."""
 
 
-def decode_class_message(value: bytes) -> dict[str, Any]:
-    """Parse an ``anon``/``suppressed`` output message."""
-    body = json.loads(value)
-    if not isinstance(body, dict):
-        raise ValueError("output message is not a JSON object")
-    return body
+def _has_control(headers: Sequence[tuple[str, bytes | None]]) -> bool:
+    return bool(headers) and any(k == CONTROL_HEADER for k, _ in headers)
 
 
-def class_rows(body: Mapping[str, Any], qis: Sequence[str], sensitive: Sequence[str]) -> list[dict[str, Any]]:
-    """Rows of the released-records CSV layout (record_id, class_id, QIs..., sensitive) of one class message."""
-    rows = []
-    gen = body["generalized"]
-    for r in body["records"]:
-        row: dict[str, Any] = {"record_id": r["record_id"], "class_id": body["class_id"]}
-        for q in qis:
-            row[q] = gen[q]
-        for s in sensitive:
-            row[s] = r.get(s)
-        rows.append(row)
-    return rows
+def _control_value(headers: Sequence[tuple[str, bytes | None]]) -> bytes | None:
+    for k, v in headers:
+        if k == CONTROL_HEADER:
+            return v
+    return None
+

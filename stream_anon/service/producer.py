@@ -12,7 +12,8 @@ messages were unacknowledged), :class:`ProducerFatalError` (the client cannot go
 :meth:`~OutputProducer.reopen`), :class:`MessageRejectedError` (re-sending cannot succeed).
 
 Every send returns a :class:`Receipt`: once acknowledged, each message's topic, partition and offset
-(:class:`Delivery`).
+(:class:`Delivery`).  :meth:`~OutputProducer.poll` learns acknowledgements without blocking (the main path's
+outbox sends a batch's outputs as soon as its ledger entries are acknowledged, without waiting for a flush).
 
 Transports (``kafka.producer_client``): ``confluent-kafka`` (default: librdkafka batches, compresses and sends in
 its own threads, outside the GIL; measured 5-8 times the messages/s of kafka-python on Tansu, see
@@ -25,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import confluent_kafka
 import kafka.errors as kafka_errors
@@ -68,7 +69,7 @@ class OutgoingBatch:
     __slots__ = ("topic", "partition", "keys", "values", "headers", "per_message", "offsets", "errors",
                  "resolved", "handles", "root", "root_index", "seq")
 
-    def __init__(self, topic: str, partition: int, keys: list[bytes | None], values: list[bytes],
+    def __init__(self, topic: str, partition: int, keys: list[bytes | None], values: list[bytes | None],
                  headers: Headers | None = None, per_message: list[Headers] | None = None) -> None:
         self.topic = topic
         self.partition = partition
@@ -243,7 +244,10 @@ class ConfluentTransport:
         self.producer.poll(0)
 
     def wait(self, timeout_s: float) -> None:
-        self.producer.flush(timeout_s)
+        if timeout_s > 0:
+            self.producer.flush(timeout_s)
+        else:  # flush(0) returns before serving a single delivery report: poll(0) serves those that arrived
+            self.producer.poll(0)
         if self.fatal is not None:
             raise ProducerFatalError(f"producer: fatal client error {self.fatal.name()}: {self.fatal.str()}; "
                                      f"it must be closed and created anew")
@@ -400,6 +404,7 @@ class OutputProducer:
         self.label = label
         self._open: list[OutgoingBatch] = []  # sent, not settled
         self._failed: list[tuple[OutgoingBatch, list[int]]] = []  # settled with failures: (batch, failed indices)
+        self._unchecked: list[OutgoingBatch] = []  # settled with failures learnt by poll(), not classified yet
         self._pending = 0
         self._seq = 0
 
@@ -435,7 +440,8 @@ class OutputProducer:
                     headers: Headers) -> Receipt:
         """Send ``values[i]`` with key ``keys[i]``, all with the same ``headers`` (not copied), to ``topic``'s
         partition of ``src_partition``: the bulk path of the side copies."""
-        b = OutgoingBatch(topic, self.partition_for(topic, src_partition), keys, values, headers)
+        b = OutgoingBatch(topic, self.partition_for(topic, src_partition), keys, cast(list[bytes | None], values),
+                          headers)
         if values:
             self._submit(b)
         return Receipt([(b, range(len(values)))])
@@ -452,7 +458,47 @@ class OutputProducer:
         """Messages sent and not yet acknowledged."""
         return self._pending
 
+    @property
+    def settled(self) -> bool:
+        """Nothing in flight and nothing failed: every message sent so far is acknowledged."""
+        return not self._open and not self._failed and not self._unchecked
+
     # ------------------------------------------------------------------ acknowledgement
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Learn the outcomes that arrived (waiting at most ``timeout_s``, less once everything sent is
+        acknowledged); returns how many messages were newly acknowledged.  Never re-sends and never raises for a
+        failed delivery: :meth:`flush` re-sends failures (and raises what cannot be re-sent)."""
+        if not self._open:
+            return 0
+        self.transport.wait(timeout_s)
+        return self._settle(raise_errors=False)
+
+    def _settle(self, *, raise_errors: bool) -> int:
+        """Move the batches whose outcomes are all known out of ``_open``; failed messages go to ``_failed``.
+        Returns the messages acknowledged."""
+        acked = 0
+        waiting: list[OutgoingBatch] = []
+        for i, b in enumerate(self._open):
+            self.transport.collect(b)
+            if not b.settled:
+                waiting.append(b)
+                continue
+            acked += len(b) - len(b.errors)
+            self._pending -= len(b) - len(b.errors)
+            b.report_to_root()
+            if b.errors:
+                if not raise_errors:
+                    self._unchecked.append(b)
+                    continue
+                try:
+                    self._failed.append((b, self._failures(b)))
+                except (ProducerFatalError, MessageRejectedError):
+                    self._failed.append((b, sorted(b.errors)))
+                    self._open = waiting + self._open[i + 1:]  # what is left stays with the producer (reopen)
+                    raise
+        self._open = waiting
+        return acked
+
     def flush(self) -> int:
         """Block until every message sent so far is acknowledged; returns how many were.  See the module
         docstring for the retry policy and the errors."""
@@ -462,26 +508,18 @@ class OutputProducer:
         t0 = time.monotonic()
         stalled = False
         acked = 0
+        unchecked, self._unchecked = self._unchecked, []
+        for i, b in enumerate(unchecked):  # failures learnt by poll(): classify them now (may raise)
+            try:
+                self._failed.append((b, self._failures(b)))
+            except (ProducerFatalError, MessageRejectedError):
+                self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
+                raise
         while self._open or self._failed:
             if self._open:
                 self.transport.wait(wait_s)
-            waiting: list[OutgoingBatch] = []
-            for i, b in enumerate(self._open):
-                self.transport.collect(b)
-                if not b.settled:
-                    waiting.append(b)
-                    continue
-                acked += len(b) - len(b.errors)
-                self._pending -= len(b) - len(b.errors)
-                b.report_to_root()
-                if b.errors:
-                    try:
-                        self._failed.append((b, self._failures(b)))
-                    except (ProducerFatalError, MessageRejectedError):
-                        self._failed.append((b, sorted(b.errors)))
-                        self._open = waiting + self._open[i + 1:]  # what is left stays with the producer (reopen)
-                        raise
-            self._open = waiting
+            acked += self._settle(raise_errors=True)
+            waiting = self._open
             n_waiting = sum(len(b) - b.resolved for b in waiting)
             n_failed = sum(len(idx) for _b, idx in self._failed)
             if (waiting or self._failed) and self.stop is not None and self.stop():
@@ -529,9 +567,9 @@ class OutputProducer:
         sent again through it, in its order.  Returns how many were re-sent.  A message the old client delivered
         but whose acknowledgement was lost is then stored twice: callers that must never publish twice resend from
         their own state instead."""
-        old = sorted([(b, [i for i in range(len(b)) if b.offsets[i] < 0]) for b in self._open] + self._failed,
-                     key=lambda item: item[0].seq)
-        self._open, self._failed = [], []
+        old = sorted([(b, [i for i in range(len(b)) if b.offsets[i] < 0]) for b in self._open] + self._failed
+                     + [(b, sorted(b.errors)) for b in self._unchecked], key=lambda item: item[0].seq)
+        self._open, self._failed, self._unchecked = [], [], []
         try:
             self.transport.close(0.0)
         except Exception as e:  # a broken client may fail to close: it is abandoned either way

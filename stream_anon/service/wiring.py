@@ -12,8 +12,10 @@ from stream_anon.core.engine import Engine
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
+from stream_anon.service.gate import PrePublishGate
+from stream_anon.service.ledger import EntryFactory
 from stream_anon.service.pipeline import PipelineSettings
-from stream_anon.service.release import ReleaseSecret, resolve_secret
+from stream_anon.service.release import ClassEncoder, ReleaseSecret, resolve_secret
 
 
 def load_schema(cfg: Config) -> Schema:
@@ -33,11 +35,35 @@ def make_engine_factory(cfg: Config, schema: Schema) -> Callable[[int], EngineLi
 
 
 def pipeline_settings(cfg: Config) -> PipelineSettings:
-    """Topic names and limits of the pure per-partition pipeline."""
-    t, a, s = cfg.topics, cfg.anonymization, cfg.service
-    return PipelineSettings(input_topic=t.input, anon_topic=t.anon, suppressed_topic=t.suppressed, dlq_topic=t.dlq,
-                            k=a.k, delta=a.delta, l=a.l, max_message_bytes=s.max_message_bytes,
-                            dlq_max_bytes=s.dlq_max_bytes)
+    """Input topic and limits of the pure per-partition pipeline."""
+    a = cfg.anonymization
+    return PipelineSettings(input_topic=cfg.topics.input, k=a.k, delta=a.delta, l=a.l,
+                            max_message_bytes=cfg.service.max_message_bytes,
+                            max_delay=max(a.delta, a.delta_leftover or 0))
+
+
+def make_entry_factory(cfg: Config, schema: Schema) -> Callable[[int, str], EntryFactory]:
+    """(partition, incarnation) -> the :class:`EntryFactory` of that partition: the pre-publish gate (k, l of the
+    config), the public class encoder (``release.include_record_ids``), the dead-letter options and the release
+    secret, which must be resolved already (:func:`with_release_secret`, in the parent process)."""
+    opts = cfg.release_options()
+    if opts.secret is None:
+        raise ValueError("release.secret is not resolved: call wiring.with_release_secret(cfg) once in the parent "
+                         "process and hand its config to the workers")
+    secret = opts.secret.encode("utf-8", "surrogatepass")
+    a = cfg.anonymization
+    qis = [x.name for x in schema.qis]
+    sensitive = [x.name for x in schema.sensitive]
+
+    def factory(partition: int, incarnation: str) -> EntryFactory:
+        return EntryFactory(input_topic=cfg.topics.input, partition=partition, incarnation=incarnation,
+                            classes=ClassEncoder(qis=qis, sensitive=sensitive, k=a.k, l=a.l,
+                                                 include_record_ids=opts.include_record_ids),
+                            secret=secret, dlq_payload=opts.dlq_payload,
+                            dlq_max_payload_bytes=opts.dlq_max_payload_bytes,
+                            gate=PrePublishGate(schema, k=a.k, l=a.l))
+
+    return factory
 
 
 def with_release_secret(cfg: Config) -> tuple[Config, ReleaseSecret]:

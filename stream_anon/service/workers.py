@@ -26,30 +26,34 @@ from typing import Protocol
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
+from stream_anon.service.ledger import EntryFactory, LedgerEntry
 from stream_anon.service.pipeline import (
     BatchResult,
     BatchStats,
     InputMessage,
-    OutputMessage,
     PartitionPipeline,
     PipelineSettings,
 )
-from stream_anon.service.wiring import load_schema, make_engine_factory, pipeline_settings
+from stream_anon.service.wiring import load_schema, make_engine_factory, make_entry_factory, pipeline_settings
 
 log = logging.getLogger(__name__)
 
-RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes]], int | None]
-"""(offset, value, key, headers, timestamp_ms) of one input message (cheap to pickle)."""
+RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None, str | None]
+"""(offset, value, key, headers, timestamp_ms, corrupt) of one input message (cheap to pickle); ``corrupt``: the
+client's error for a record it could not read (value, key and headers are then None/empty)."""
+
+EntryFactoryMaker = Callable[[int, str], EntryFactory]
+"""(partition, incarnation) -> the partition's :class:`EntryFactory` (``wiring.make_entry_factory``)."""
 
 
 # ---------------------------------------------------------------------------------------------- requests
 @dataclass(frozen=True)
 class CreatePartition:
-    """Build a partition's pipeline starting at ``start`` (after a recovery read-back)."""
+    """Build a partition's pipeline starting at ``start`` (after the recovery scan of its ledger partition)."""
 
     partition: int
     start: int
-    released: tuple[int, ...]  # offsets >= start already released before the restart
+    accounted: tuple[int, ...]  # offsets >= start the ledger already accounts for (skipped)
     horizon: int
     incarnation: str
 
@@ -95,10 +99,11 @@ Request = CreatePartition | Work | DropPartitions | StopWorker
 
 @dataclass
 class PartitionResult:
-    """Outcome of one submitted batch: outputs to produce, stats, and the partition's state after it."""
+    """Outcome of one submitted batch: ledger entries to write (each with the output it promises), stats, and
+    the partition's state after it."""
 
     partition: int
-    outputs: list[OutputMessage]
+    entries: list[LedgerEntry]
     stats: BatchStats
     elapsed: float
     n_messages: int
@@ -106,6 +111,7 @@ class PartitionResult:
     buffered: int
     open_clusters: int
     next_offset: int
+    horizon: int
 
 
 @dataclass(frozen=True)
@@ -145,16 +151,19 @@ class Backend(Protocol):
 class Pipelines:
     """The partition pipelines of one executor (inline or inside a worker process)."""
 
-    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
+    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike],
+                 entry_factory: EntryFactoryMaker) -> None:
         self.schema = schema
         self.settings = settings
         self.engine_factory = engine_factory
+        self.entry_factory = entry_factory
         self.pipes: dict[int, PartitionPipeline] = {}
 
     def create(self, r: CreatePartition) -> None:
-        self.pipes[r.partition] = PartitionPipeline(r.partition, self.schema, self.engine_factory(r.partition),
-                                                    self.settings, incarnation=r.incarnation, start_offset=r.start,
-                                                    already_released=r.released, horizon=r.horizon)
+        self.pipes[r.partition] = PartitionPipeline(
+            r.partition, self.schema, self.engine_factory(r.partition), self.settings,
+            entries=self.entry_factory(r.partition, r.incarnation), start_offset=r.start, accounted=r.accounted,
+            horizon=r.horizon)
 
     def run(self, work: Work) -> PartitionResult:
         pipe = self.pipes[work.partition]
@@ -162,14 +171,14 @@ class Pipelines:
         res: BatchResult
         match work:
             case ProcessBatch(messages=msgs, now=now):
-                res = pipe.process([InputMessage(o, v, k, h, ts) for o, v, k, h, ts in msgs], now)
+                res = pipe.process([InputMessage(o, v, k, h, ts, bad) for o, v, k, h, ts, bad in msgs], now)
                 n = len(msgs)
             case FlushPartition(now=now):
                 res, n = pipe.flush(now), 0
             case ExpirePartition(now=now):
                 res, n = pipe.expire(now), 0
-        return PartitionResult(work.partition, res.outputs, res.stats, time.perf_counter() - t0, n, pipe.watermark,
-                               pipe.buffered, pipe.engine.open_clusters, pipe.next_offset)
+        return PartitionResult(work.partition, res.entries, res.stats, time.perf_counter() - t0, n, pipe.watermark,
+                               pipe.buffered, pipe.engine.open_clusters, pipe.next_offset, pipe.horizon)
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
@@ -179,8 +188,9 @@ class Pipelines:
 class InlineBackend:
     """Pipelines in the calling thread (``service.workers = 0``)."""
 
-    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike]) -> None:
-        self._p = Pipelines(schema, settings, engine_factory)
+    def __init__(self, schema: Schema, settings: PipelineSettings, engine_factory: Callable[[int], EngineLike],
+                 entry_factory: EntryFactoryMaker) -> None:
+        self._p = Pipelines(schema, settings, engine_factory, entry_factory)
         self._ready: deque[PartitionResult] = deque()
 
     @property
@@ -206,8 +216,9 @@ class InlineBackend:
 
 
 def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None:
-    """Child process: build the schema/engine factory from the config, then serve requests until :class:`StopWorker`
-    or until the request pipe closes (the parent is gone).
+    """Child process: build the schema/engine/entry factories from the config (its ``release.secret`` resolved by
+    the parent), then serve requests until :class:`StopWorker` or until the request pipe closes (the parent is
+    gone).
 
     Results go out through a sender thread, so this loop keeps reading requests while a large result is
     being written (two blocking writers on the two pipes could otherwise wait for each other forever).
@@ -228,7 +239,8 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
     th = threading.Thread(target=sender, daemon=True)
     th.start()
     schema = load_schema(cfg)
-    pipes = Pipelines(schema, pipeline_settings(cfg), make_engine_factory(cfg, schema))
+    pipes = Pipelines(schema, pipeline_settings(cfg), make_engine_factory(cfg, schema),
+                      make_entry_factory(cfg, schema))
     try:
         while True:
             try:

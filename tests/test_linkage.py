@@ -1,0 +1,181 @@
+"""End-to-end linkage test (issue 8, item 7): the service and its side paths on ALL of ADULT through a real broker.
+
+Record ids are replaced by uuid4 strings (they cannot collide with numbers, QI labels or generalizations, so a byte
+search for them has no false positive).  Every public topic (anon, krr, rs, blap, estimates, kmeans) is read
+with its keys and headers, and:
+
+* no input record id appears anywhere in a key, value, header name or header value (byte search of all 32,561);
+* no public message has a field that carries a record's identity, source position or per-record timing
+  (field-name search: an offset or a delay is a short number that also occurs inside generalizations such as
+  ``"[17-21]"``, so a byte search cannot tell them apart); side copies may carry their pseudonym as ``id``;
+* no identifier-like token (class id, pseudonym, ...) of an anon message occurs in a side message: nothing to
+  join an anon message to a side message by;
+* every class on anon has at least k members and l distinct sensitive values and passes the independent verifier,
+  its members (joined through the ledger's record ids) covered by its generalization;
+* the ledger, with the suppressed and dlq topics, accounts for every input offset exactly once, and every output
+  it promises is on its topic exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from replay_tools.kafka_replay import replay_records
+from stream_anon.core.datasets import read_adult
+from stream_anon.core.schema import adult_schema
+from stream_anon.core.verify import verify_release_frame
+from stream_anon.service.app import run_service
+from stream_anon.service.audit import (
+    OutputSnapshot,
+    collect_outputs,
+    read_topic_with_headers,
+    send_flush_markers,
+)
+from stream_anon.service.config import Config
+from stream_anon.service.linkage import (
+    FORBIDDEN_PUBLIC_FIELDS,
+    ScannedMessage,
+    TokenSearch,
+    forbidden_fields,
+    join_candidates,
+)
+from stream_anon.side.app import side_group_id
+
+K, L, PARTITIONS = 10, 2, 2
+SIDE_FORBIDDEN = FORBIDDEN_PUBLIC_FIELDS - {"id"}  # a side copy's "id" is its pseudonym (checked by the byte search)
+
+
+@dataclass
+class Run:
+    cfg: Config
+    original: pd.DataFrame
+    ids: list[str]
+    public: dict[str, list[ScannedMessage]]
+    snap: OutputSnapshot
+    seconds: float
+
+
+def committed(consumer: KafkaConsumer, topic: str) -> dict[int, int]:
+    return {p: int(consumer.committed(TopicPartition(topic, p)) or 0) for p in range(PARTITIONS)}
+
+
+@pytest.fixture(scope="module")
+def run(broker: Any, adult_path: Path) -> Iterator[Run]:
+    bs = broker.bootstrap_servers
+    prefix = f"link{uuid.uuid4().hex[:6]}"
+    topics = {r: f"{prefix}.{r}" for r in ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")}
+    cfg = Config.load(env={}, overrides={
+        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+        "topics.input": f"{prefix}.raw", **{f"topics.{r}": t for r, t in topics.items()},
+        "topics.partitions": PARTITIONS, "anonymization.seed": 17, "service.metrics_port": 0,
+        "service.side_metrics_port": 0, "service.commit_interval_ms": 250})
+    assert cfg.anonymization.k == K and cfg.anonymization.l == L and cfg.anonymization.zeta == 0  # the defaults
+    adult = read_adult(adult_path)
+    rng = random.Random(20261124)
+    ids = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(len(adult))]
+    original = adult.assign(id=ids)
+    records = [dict(zip(original.columns, (v.item() if hasattr(v, "item") else v for v in row), strict=True))
+               for row in original.itertuples(index=False, name=None)]
+    stop = threading.Event()
+    rc: list[int] = []
+    service = threading.Thread(target=lambda: rc.append(run_service(cfg, stop_event=stop)), daemon=True)
+    t0 = time.monotonic()
+    service.start()
+    stats = replay_records(records, cfg.topics.input, bs, partitions=PARTITIONS)
+    assert stats.records_acked == len(records) == 32561
+    producer = KafkaProducer(bootstrap_servers=bs)
+    send_flush_markers(producer, cfg.topics.input, list(range(PARTITIONS)))
+    producer.close()
+    ends = {p: stats.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
+    main_group = KafkaConsumer(bootstrap_servers=bs, group_id=cfg.kafka.group_id, enable_auto_commit=False)
+    side_group = KafkaConsumer(bootstrap_servers=bs, group_id=side_group_id(cfg), enable_auto_commit=False)
+    deadline = time.monotonic() + 240
+    try:
+        while committed(main_group, cfg.topics.input) != ends or committed(side_group, cfg.topics.input) != ends:
+            assert service.is_alive(), f"the service stopped (rc {rc})"
+            assert time.monotonic() < deadline, (committed(main_group, cfg.topics.input),
+                                                 committed(side_group, cfg.topics.input), ends)
+            time.sleep(0.2)
+        seconds = time.monotonic() - t0
+    finally:
+        main_group.close()
+        side_group.close()
+        stop.set()
+        service.join(60)
+    assert rc == [0]
+    public: dict[str, list[ScannedMessage]] = {}
+    for role in ("anon", "krr", "rs", "blap", "estimates", "kmeans"):
+        msgs = read_topic_with_headers(bs, topics[role], timeout_s=60)
+        public[role] = [ScannedMessage(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()))
+                        for m in msgs]
+    schema = adult_schema()
+    snap = collect_outputs(bs, input_topic=cfg.topics.input, anon=topics["anon"], suppressed=topics["suppressed"],
+                           dlq=topics["dlq"], qis=[a.name for a in schema.qis], sensitive=["income"],
+                           input_ends=ends)
+    yield Run(cfg, original, ids, public, snap, seconds)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_ledger_accounts_for_every_input_once_and_every_class_is_sound(run: Run) -> None:
+    snap = run.snap
+    rep = snap.accounting
+    assert snap.ok, (rep.duplicates[:5], rep.missing[:5], rep.corrupt[:3], snap.published, snap.problems[:5])
+    assert rep.accounted == 32561 + PARTITIONS and rep.outcomes["control"] == PARTITIONS
+    assert rep.outcomes["released"] + rep.outcomes["suppressed"] + rep.outcomes.get("dead_lettered", 0) == 32561
+    assert all(c.ok and c.exactly_once == c.expected for c in snap.published.values())
+    out = snap.records
+    assert set(out.record_id) == set(run.ids) and out.record_id.is_unique
+    schema = adult_schema()
+    qis = [a.name for a in schema.qis]
+    assert len(run.public["anon"]) == snap.classes > 0
+    v = verify_release_frame(snap.public, qis, K, L, "income", record_id=None, schema=schema)
+    assert v.ok and v.min_class_size >= K and v.records == rep.outcomes["released"], str(v)
+    released = out[out.outcome == "released"]
+    v = verify_release_frame(released[["record_id", "class_id", *qis]], qis, K, schema=schema,
+                             original=run.original, original_id="id")
+    assert v.ok, str(v)
+    print(f"linkage test: {rep.accounted:,} input offsets accounted once ({dict(rep.outcomes)}), {snap.classes:,} "
+          f"classes verified (k={K}, l={L}); the service and side paths took {run.seconds:.1f} s")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_no_public_message_carries_a_record_id_a_source_position_or_a_timing(run: Run) -> None:
+    search = TokenSearch(run.ids)
+    assert search.n_tokens == 32561
+    hits = {role: search.scan(msgs) for role, msgs in run.public.items()}
+    fields = {role: [(m.offset, f) for m in msgs for f in forbidden_fields(
+        m.value, FORBIDDEN_PUBLIC_FIELDS if role == "anon" else SIDE_FORBIDDEN)] for role, msgs in run.public.items()}
+    headers = {role: sorted({name for m in msgs for name, _ in m.headers}) for role, msgs in run.public.items()}
+    counts = {role: len(msgs) for role, msgs in run.public.items()}
+    print(f"public messages read: {counts}; header names: {headers}")
+    assert all(counts[r] > 0 for r in ("anon", "krr", "rs", "blap")), counts
+    found = {r: f"{len(h)} record ids (first {h[0].where}: {h[0].token!r})" for r, h in hits.items() if h}
+    found.update({f"{r} fields": f"{len(f)} (first {f[:3]})" for r, f in fields.items() if f})
+    assert found == {}
+    assert headers["anon"] == []  # class messages carry no headers at all
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_nothing_joins_an_anon_message_to_a_side_message(run: Run) -> None:
+    schema = adult_schema()
+    labels = {lab for a in schema.attributes if a.hierarchy is not None for lab in a.hierarchy.node_labels}
+    side = [m for role in ("krr", "rs", "blap", "estimates", "kmeans") for m in run.public[role]]
+    common = join_candidates(run.public["anon"], side, ignore=labels)
+    assert common == set(), sorted(common)[:10]
