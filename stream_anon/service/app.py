@@ -65,6 +65,7 @@ from stream_anon.service.ledger import (
     RecoveryPlan,
     outputs_to_resend,
 )
+from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, StopClock
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer, Receipt, open_producer
@@ -198,6 +199,8 @@ class MainPath:
         self.engine_factory = engine_factory or make_engine_factory(cfg, self.schema)
         self.settings = pipeline_settings(cfg)
         self.stop_event = stop_event or threading.Event()
+        self._stop_clock = StopClock(self.stop_event)  # the stop path's shared grace for acknowledgements
+        self._closing = False  # the final commit is done: a revoke while the consumer closes has nothing to do
         self.ready = threading.Event()  # clients connected, subscribed
         self.assigned = threading.Event()  # the group gave this member its partitions (at least once)
         self.states: dict[int, PartitionStatus] = {}
@@ -232,6 +235,7 @@ class MainPath:
     def run(self) -> int:
         cfg = self.cfg
         stop = self.stop_event.is_set
+        give_up = self._stop_clock.give_up  # producers: a flush on the stop path waits for the grace, not forever
         for line in cfg.release_options().startup_warnings(secret_generated=self.secret_generated):
             log.warning("%s", line)
         try:
@@ -243,10 +247,10 @@ class MainPath:
                           "with the input's partition count; deploy/kafka/create-topics.sh)", self.ledger_topic)
                 return 2
             on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
-            self._producer = open_producer(cfg, partition_counts=counts, stop=stop, on_error=on_error)
+            self._producer = open_producer(cfg, partition_counts=counts, stop=give_up, on_error=on_error)
             # the ledger's messages are few and small, and step 2 waits for them: no linger
             ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
-            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=stop, on_error=on_error,
+            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=give_up, on_error=on_error,
                                          label="ledger")
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
             self._reader = retry("recovery reader", lambda: PartitionReader(cfg), cfg, stop=stop)
@@ -412,11 +416,11 @@ class MainPath:
                 self._last_input[p] = now
 
     # ------------------------------------------------------------------ the outbox (steps 1, 2)
-    def _collect(self, *, wait_all: bool) -> None:
+    def _collect(self, *, wait_all: bool, timeout: float | None = None) -> None:
         """Step 1 for the finished batches: their ledger entries go to the ledger; take over the partitions' new
-        watermarks."""
+        watermarks.  ``timeout``: a worker that does not answer within it raises :class:`WorkerError`."""
         assert self._backend is not None
-        for res in self._backend.results(wait_all=wait_all):
+        for res in self._backend.results(wait_all=wait_all, timeout=timeout):
             st = self.states.get(res.partition)
             if st is not None:
                 st.watermark, st.buffered = res.watermark, res.buffered
@@ -674,8 +678,9 @@ class MainPath:
         if not offsets:
             return
         try:
-            if sync:
-                self._consumer.commit(offsets, timeout_ms=self.cfg.kafka.request_timeout_ms)
+            if sync:  # the stop path: bounded by what is left of the stop grace
+                timeout_s = min(self.cfg.kafka.request_timeout_ms / 1000.0, max(0.5, self._stop_clock.remaining()))
+                self._consumer.commit(offsets, timeout_ms=int(timeout_s * 1000))
                 self._confirmed.append({tp.partition: om.offset for tp, om in offsets.items()})
             else:
                 self._consumer.commit_async(offsets, callback=self._commit_done)
@@ -717,7 +722,7 @@ class MainPath:
         owned = [p for p in partitions if p in self.states]
         for p in partitions:
             self._plans.pop(p, None)
-        if not owned:
+        if not owned or self._closing:  # closing: the final commit covered them already
             return
         assert self._consumer is not None and self._backend is not None
         self._collect(wait_all=True)
@@ -743,7 +748,7 @@ class MainPath:
         ok = True
         try:
             if clean and self._backend is not None:
-                self._collect(wait_all=True)
+                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
             if clean and self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
                 self._write_tombstones()
@@ -754,15 +759,18 @@ class MainPath:
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
         except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
             log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
-        for closer in (self._consumer, self._reader):
-            try:
-                if closer is not None:
-                    closer.close()
-            except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
-                log.debug("close failed: %r", e)
+        self._closing = True
+        close_s = CLOSE_TIMEOUT_SECONDS if ok and clean else 0.5  # the broker did not answer: do not wait again
+        try:  # leaves the group: bounded (a stalled broker would otherwise hold it for kafka.request_timeout_ms)
+            if self._consumer is not None:
+                self._consumer.close(timeout_ms=int(close_s * 1000))
+            if self._reader is not None:
+                self._reader.close()
+        except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
+            log.debug("close failed: %r", e)
         for producer in (self._producer, self._ledger):
             if producer is not None:
-                producer.close(timeout_s=10.0)
+                producer.close(timeout_s=close_s if ok and clean else 0.0)
         if self._backend is not None:
             self._backend.close()
         t = self.totals
@@ -775,6 +783,11 @@ def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
     if cfg.service.metrics_port:
         serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr)
         log.info("metrics on http://%s:%d/metrics", cfg.service.metrics_addr, cfg.service.metrics_port)
+
+
+def _stop_side_on(stop_event: threading.Event, side: SidePaths) -> None:
+    stop_event.wait()
+    side.request_stop()
 
 
 def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
@@ -795,6 +808,8 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     try:
         start_metrics(cfg, registry)
         side = SidePaths(cfg, metrics, stop_event)
+        # a stop reaches the side-path process at once: both stop in parallel (each bounded), the broker last
+        threading.Thread(target=_stop_side_on, args=(stop_event, side), name="side-stop", daemon=True).start()
         try:
             rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated).run()
         finally:
