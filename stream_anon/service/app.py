@@ -99,6 +99,9 @@ BROKER_CHECK_SECONDS = 2.0
 """With no records polled and no output acknowledged for this long, the loop asks the broker for an input
 partition's first offset (``PartitionReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
 an idle stream from a broker outage."""
+LOOP_REQUEST_TIMEOUT_MS = 5000
+"""Blocking requests of the running loop (the recovery reader's scans and ends, committed offsets) time out after at
+most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
 LEDGER_WAIT_SECONDS = 0.05
 """When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
 
@@ -253,7 +256,9 @@ class MainPath:
             self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=give_up, on_error=on_error,
                                          label="ledger")
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
-            self._reader = retry("recovery reader", lambda: PartitionReader(cfg), cfg, stop=stop)
+            reader_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(
+                cfg.kafka, request_timeout_ms=min(cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
+            self._reader = retry("recovery reader", lambda: PartitionReader(reader_cfg), cfg, stop=stop)
         except BrokerUnavailableError as e:
             log.error("%s", e)
             return 3
@@ -496,7 +501,7 @@ class MainPath:
         plan = self._plans.pop(partition, None)
         if plan is None:
             committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
-                tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
+                tp, timeout_ms=min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
             plan = self._scan_ledger(partition, committed)
         target = plan.start_offset if plan.start_offset is not None else first_offset
         if first_offset > target and self._seeked.get(partition) != target:
@@ -815,7 +820,10 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         finally:
             stop_event.set()
             side.stop()
+            if side.mode == "process":
+                log.info("side-path process stopped")
         return rc
     finally:
         if broker is not None:
-            broker.stop()
+            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
+            log.info("embedded broker stopped")
