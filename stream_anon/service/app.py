@@ -66,6 +66,7 @@ from stream_anon.service.ledger import (
     outputs_to_resend,
 )
 from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, StopClock
+from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer, Receipt, open_producer
@@ -142,10 +143,14 @@ class _Rebalance(ConsumerRebalanceListener):
         self.main = main
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        gone = {tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input}
+        self.main.view = dataclasses.replace(self.main.view, assigned=self.main.view.assigned - gone)
         self.main.on_revoked([tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input])
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+        mine = frozenset(tp.partition for tp in assigned if tp.topic == self.main.cfg.topics.input)
+        self.main.view = dataclasses.replace(self.main.view, assigned=self.main.view.assigned | mine)
         self.main.assigned.set()
 
 
@@ -190,7 +195,8 @@ class MainPath:
 
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
-                 stop_event: threading.Event | None = None, secret_generated: bool = False) -> None:
+                 stop_event: threading.Event | None = None, secret_generated: bool = False,
+                 heartbeat: LoopHeartbeat | None = None) -> None:
         if cfg.release.secret is None:
             cfg, secret = with_release_secret(cfg)
             secret_generated = secret.generated
@@ -209,8 +215,10 @@ class MainPath:
         self.states: dict[int, PartitionStatus] = {}
         self.outboxes: dict[int, PartitionOutbox] = {}
         self.totals = MainPathTotals()
-        self.highwater: dict[int, int] = {}
         self.committed: dict[int, int] = {}
+        self.heartbeat = heartbeat or LoopHeartbeat(cfg.service.healthz_stall_seconds)  # ticked every iteration
+        self.view = LoopView()  # for the lag monitor: assigned partitions, consumed positions (replaced, never mutated)
+        self.lag_monitor: LagMonitor | None = None
         t = cfg.topics
         self.ledger_topic = t.ledger_topic()
         self._role_topic = {"anon": t.anon, "suppressed": t.suppressed, "dlq": t.dlq}
@@ -268,6 +276,7 @@ class MainPath:
             self._backend = InlineBackend(self.schema, self.settings, self.engine_factory,
                                           make_entry_factory(cfg, self.schema))
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
+        self.lag_monitor = LagMonitor(cfg, self.metrics, lambda: self.view).start()
         a = cfg.anonymization
         log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
                  cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
@@ -297,6 +306,7 @@ class MainPath:
         commit_every = cfg.service.commit_interval_ms / 1000.0
         last_commit = time.monotonic()
         while not self.stop_event.is_set():
+            self.heartbeat.tick()
             batch = self._poll()
             now = time.time()
             if batch:
@@ -312,11 +322,11 @@ class MainPath:
                 self._idle_flush(now)
             self._send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
             self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            self.view = LoopView(self.view.assigned, {p: st.next_offset for p, st in self.states.items()})
             self._send_acknowledged(wait=not batch)  # step 2
             self._write_tombstones()  # step 6 (commits confirmed during the poll)
             if time.monotonic() - last_commit >= commit_every:
                 self._commit()  # steps 3-5
-                self._update_position_metrics()
                 last_commit = time.monotonic()
             if time.monotonic() >= self._broker_check_at:
                 self._check_broker()
@@ -636,15 +646,6 @@ class MainPath:
             m.buffered_records.labels(partition=str(partition)).set(st.buffered)
             m.open_clusters.labels(partition=str(partition)).set(st.open_clusters)
 
-    def _update_position_metrics(self) -> None:
-        consumer, topic = self._consumer, self.cfg.topics.input
-        assert consumer is not None
-        for p, st in self.states.items():
-            hw = consumer.highwater(TopicPartition(topic, p))
-            if hw is not None:
-                self.highwater[p] = int(hw)
-                self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - st.next_offset))
-
     # ------------------------------------------------------------------ commits (steps 3-6)
     def _checkpoint(self, partitions: list[int]) -> dict[TopicPartition, OffsetAndMetadata]:
         """Step 4 for ``partitions`` (after :meth:`_settle_outbox`): a checkpoint for each whose watermark or
@@ -751,6 +752,8 @@ class MainPath:
         """Finish (when ``clean``: last entries and outputs, checkpoints, final commit) and close; False if the
         broker was unreachable."""
         ok = True
+        if self.lag_monitor is not None:
+            self.lag_monitor.stop()
         try:
             if clean and self._backend is not None:
                 self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
@@ -784,10 +787,13 @@ class MainPath:
         return ok
 
 
-def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
+def start_metrics(cfg: Config, registry: CollectorRegistry, heartbeat: LoopHeartbeat | None = None) -> None:
+    """The metrics endpoint (``/metrics``), with ``/healthz`` answered by ``heartbeat`` when given."""
     if cfg.service.metrics_port:
-        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr)
-        log.info("metrics on http://%s:%d/metrics", cfg.service.metrics_addr, cfg.service.metrics_port)
+        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr,
+                      health=heartbeat.health if heartbeat is not None else None)
+        log.info("metrics on http://%s:%d/metrics%s", cfg.service.metrics_addr, cfg.service.metrics_port,
+                 ", health on /healthz" if heartbeat is not None else "")
 
 
 def _stop_side_on(stop_event: threading.Event, side: SidePaths) -> None:
@@ -810,13 +816,15 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers})
         log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
                  broker.bootstrap_servers)
+    heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
     try:
-        start_metrics(cfg, registry)
+        start_metrics(cfg, registry, heartbeat)
         side = SidePaths(cfg, metrics, stop_event)
         # a stop reaches the side-path process at once: both stop in parallel (each bounded), the broker last
         threading.Thread(target=_stop_side_on, args=(stop_event, side), name="side-stop", daemon=True).start()
         try:
-            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated).run()
+            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated,
+                          heartbeat=heartbeat).run()
         finally:
             stop_event.set()
             side.stop()
