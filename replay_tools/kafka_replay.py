@@ -354,7 +354,7 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
             except KafkaTimeoutError:  # the broker went away: what it did not acknowledge is counted as not acked
                 if not stats.flush_timed_out:  # else its line was logged already
                     stats.flush_timed_out = True
-                        log.error("replay: broker %s stopped answering: %d records not acknowledged", bootstrap_servers,
+                    log.error("replay: broker %s stopped answering: %d records not acknowledged", bootstrap_servers,
                               sent - stats.records_acked - stats.errors)
     return stats
 
