@@ -4,6 +4,8 @@
   service within :data:`STOP_BOUND_SECONDS` with the broker up and with the broker frozen (SIGSTOP) while outputs
   are in flight; no traceback; the embedded broker is not in the service's process group (it got no SIGINT) and is
   stopped last; no process of the tree is left.  The measured stop time is printed (docs/service.md lists them).
+- A replay (``python -m replay_tools kafka``) whose broker goes away mid-replay ends with exit code 1 and one error
+  line, no traceback.
 - ``kill -9`` of the service leaves no orphan: its pipeline workers, side-path process, multiprocessing resource
   tracker and embedded broker all exit, and the side topics stop growing.
 """
@@ -25,6 +27,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from replay_tools.kafka_replay import replay_records
 from stream_anon.core.datasets import iter_adult_records
+from stream_anon.service.broker import EmbeddedBroker
 
 STOP_BOUND_SECONDS = 30.0
 """Documented bound for a stop on a loaded 2-core machine (measured: under 10 s; docs/service.md)."""
@@ -249,3 +252,26 @@ def test_kill_9_takes_the_embedded_broker_along(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_replay_whose_broker_goes_away_ends_with_one_line_no_traceback(adult_path: Path) -> None:
+    broker = EmbeddedBroker().start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path),
+                                 "--limit", "5000", "--rate", "1000", "--bootstrap-servers", broker.bootstrap_servers,
+                                 "--no-progress", "--no-flush"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None)
+        wait_for("replay under way", lambda: bool(consumer.partitions_for_topic("adult.raw")), 60)
+        consumer.close()
+        broker.kill()  # the broker goes away mid-replay (kill -9)
+        out, err = proc.communicate(timeout=200)  # the tool's flush waits 60 s for acknowledgements, then gives up
+    finally:
+        broker.stop()
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("replay: ")]
+    assert len(errors) == 1 and "not acknowledged" in errors[0], err
