@@ -65,7 +65,12 @@ from stream_anon.service.ledger import (
     RecoveryPlan,
     outputs_to_resend,
 )
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, StopClock
+from stream_anon.service.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    StopClock,
+    quiet_closing_clients,
+)
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.pipeline import OutputMessage
@@ -809,6 +814,7 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     registry = registry or CollectorRegistry()
     metrics = ServiceMetrics(registry)
+    quiet_closing_clients()  # a client closing while its network thread reads: no traceback on a clean stop
     cfg, secret = with_release_secret(cfg)
     broker: EmbeddedBroker | None = None
     if not cfg.kafka.bootstrap_servers:

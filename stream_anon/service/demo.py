@@ -56,7 +56,7 @@ from stream_anon.service.audit import (
 )
 from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
+from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
 from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.supervisor import SidePaths
@@ -132,6 +132,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
              stop_event: threading.Event | None = None, progress: bool = True) -> int:
     t_start = time.monotonic()
     logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
+    quiet_closing_clients()
     stop_event = stop_event or threading.Event()
     out_dir = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)

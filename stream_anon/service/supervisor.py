@@ -27,7 +27,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from stream_anon.service.config import Config
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, die_with_parent
+from stream_anon.service.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    die_with_parent,
+    quiet_closing_clients,
+)
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
 from stream_anon.side.metrics import side_registry
@@ -169,6 +174,7 @@ def side_process_main(cfg: Config, conn: Connection) -> None:
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_closing_clients()
     metrics = ServiceMetrics(CollectorRegistry())
     if cfg.service.side_metrics_port:
         try:  # only the side paths' metrics: the main path's gauges would be exported here at 0
