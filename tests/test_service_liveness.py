@@ -3,11 +3,14 @@
 The main loop is frozen with records waiting: its pipeline worker is stopped (SIGSTOP), so the loop blocks waiting
 for the worker's results (backpressure) while more input arrives.  ``/healthz`` on the metrics port must turn 503,
 ``stream_anon_consumer_lag`` (read from the broker by a thread independent of the loop) must show the backlog and
-``stream_anon_seconds_since_progress`` must grow; once the worker resumes, all three recover.
+``stream_anon_seconds_since_progress`` must grow, and a real Prometheus server scraping the service must fire
+``StreamAnonStalled`` (the rule of deploy/prometheus/rules.yml with its thresholds scaled down); once the worker
+resumes, all of them recover.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,6 +23,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
+from deploy_support import RULES_YML, require_tool
 from test_service_lifecycle import adult_records, alive, cmdline, descendants, wait_for
 
 from replay_tools.kafka_replay import replay_records
@@ -27,6 +32,37 @@ from stream_anon.service.broker import free_port
 from stream_anon.service.liveness import LAG_INTERVAL_SECONDS
 
 STALL_SECONDS = 3.0  # service.healthz_stall_seconds in the test
+RULE_SECONDS = 8  # the StreamAnonStalled rule of rules.yml with its 300 s and `for: 1m` scaled down to 8 s and 2 s
+
+
+def stalled_rule_only(path: Path) -> None:
+    """rules.yml's StreamAnonStalled alone, its thresholds scaled down (expression otherwise unchanged)."""
+    doc = yaml.safe_load(RULES_YML.read_text(encoding="utf-8"))
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "StreamAnonStalled")
+    assert "> 300)" in rule["expr"] and rule["for"] == "1m"
+    rule = {**rule, "expr": rule["expr"].replace("> 300)", f"> {RULE_SECONDS})"), "for": "2s"}
+    path.write_text(yaml.safe_dump({"groups": [{"name": "stalled", "rules": [rule]}]}), encoding="utf-8")
+
+
+def start_prometheus(tmp: Path, metrics_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    prom_port = free_port()
+    stalled_rule_only(tmp / "rules.yml")
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
+              "scrape_configs": [{"job_name": "stream-anon", "scrape_interval": "1s",
+                                  "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    proc = subprocess.Popen([require_tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return proc, f"http://127.0.0.1:{prom_port}"
+
+
+def alert_states(prom: str) -> list[str]:
+    try:
+        data = json.loads(urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=5).read())
+    except OSError:
+        return []
+    return [a["state"] for a in data["data"]["alerts"] if a["labels"].get("alertname") == "StreamAnonStalled"]
 
 
 def healthz(port: int) -> tuple[int, str]:
@@ -75,6 +111,7 @@ def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(brok
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     records = adult_records(adult_path, 12000)
     worker: int | None = None
+    prometheus, prom = start_prometheus(tmp_path, port)
     try:
         wait_for("partitions assigned", lambda: "assigned partitions" in log.read_text(), 120, log)
         replay_records(records[:2000], topic, bs)
@@ -93,17 +130,22 @@ def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(brok
         assert status == 503 and body.startswith("stalled: main loop has not ticked"), body
         wait_for("lag from the broker shows the backlog", lambda: lag(port) > 5000, 60, log)
         wait_for("seconds since progress grows", lambda: since_progress(port) >= 2 * LAG_INTERVAL_SECONDS, 60, log)
-        print(f"\nloop frozen: /healthz 503 '{body.strip()}', lag {lag(port):.0f}, seconds since progress "
+        # a real Prometheus scraping the service evaluates the rule (thresholds scaled down) and fires it
+        wait_for("StreamAnonStalled firing in Prometheus", lambda: "firing" in alert_states(prom), 90, log)
+        print(f"\nloop frozen: StreamAnonStalled firing; /healthz 503 '{body.strip()}', lag {lag(port):.0f}, seconds since progress "
               f"{since_progress(port):.0f} ({time.monotonic() - t0:.0f} s after the freeze)")
         os.kill(worker, signal.SIGCONT)
         worker = None
         wait_for("/healthz 200 again", lambda: healthz(port)[0] == 200, 60, log)
         wait_for("drained: lag 0, no stall", lambda: lag(port) == 0 and since_progress(port) == 0, 120, log)
+        wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
         assert "Traceback" not in log.read_text()
     finally:
+        prometheus.terminate()
+        prometheus.wait(30)
         if worker is not None and alive(worker):
             os.kill(worker, signal.SIGCONT)
         if proc.poll() is None:
