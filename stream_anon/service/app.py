@@ -839,5 +839,8 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         return rc
     finally:
         if broker is not None:
+            # every client of this process is closed (a lag-monitor round may still be connecting): their
+            # connection-reset chatter when the broker goes is not an error here
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)
             broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
             log.info("embedded broker stopped")
