@@ -91,6 +91,7 @@ def test_security_options_pass_through() -> None:
     ({"anonymization.algorithm": "mondrian"}, "anonymization.algorithm.*castle.*ubdsa"),
     ({"anonymization.nope": 1}, "unknown option"),
     ({"service.metrics_port": 70000}, "service.metrics_port"),
+    ({"service.idle_flush_seconds": -1}, r"service.idle_flush_seconds: expected a number >= 0 \(0 = never\), got -1"),
     ({"topics.anon": "adult.raw"}, "must differ"),
 ])
 def test_bad_values_name_the_option(overrides: dict[str, object], needle: str) -> None:
@@ -296,6 +297,12 @@ def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(comma
     line = _one_line_exit_2(_cli(command, "--metrics-port", str(busy_port), *extra), f"stream-anon {command}: ")
     assert f"option service.metrics_port: port {busy_port} on 127.0.0.1 is already in use" in line
     assert "0 to turn the metrics endpoint off" in line
+
+
+def test_udp_bridge_metrics_port_in_use_is_one_line_and_exit_2(busy_port: int) -> None:
+    line = _one_line_exit_2(_cli("udp-bridge", "--listen", "127.0.0.1:0", "--sink", "null", "--metrics-port",
+                                 str(busy_port), "--max-seconds", "5"), "stream-anon udp-bridge: ")
+    assert f"option --metrics-port: port {busy_port} on 127.0.0.1 is already in use" in line
 
 
 def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
