@@ -186,17 +186,24 @@ def test_poison_messages_among_valid_records_are_each_accounted_once(broker, adu
     th.join(30)
 
     assert t.consumed == len(stream) and t.dead_letter_reasons == dict(expected)
-    snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
-                           qis=[a.name for a in schema.qis], sensitive=["income"])
-    assert len(snap.records) == len(stream)  # each input exactly once across anon + suppressed + dlq
+    assert t.internal_errors == 0  # no sweep, no guard: every outcome is a decision, none a caught bug
+    tp = cfg.topics
+    snap = collect_outputs(bs, input_topic=tp.input, anon=tp.anon, suppressed=tp.suppressed, dlq=tp.dlq,
+                           qis=[a.name for a in schema.qis], sensitive=["income"],
+                           input_ends=partition_ends(bs, tp.input))
+    assert snap.ok, (snap.accounting, snap.published, snap.problems)  # each input exactly once, outputs once
+    assert len(snap.records) == len(stream) and snap.control == 2
     assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
-    for part, off, reason, _ in snap.dlq_values:
-        i = position[(part, off)]
-        assert expected_reason[i] == reason, (stream[i][0], reason)
-    released = snap.records[snap.records.outcome == "released"]
-    report = verify_release_frame(released[["class_id", *[a.name for a in schema.qis], "income"]].astype(
-        {"class_id": str}), [a.name for a in schema.qis], cfg.anonymization.k, record_id=None, schema=schema)
+    for d in snap.dead_letters:
+        i = position[(d["partition"], d["offset"])]
+        assert expected_reason[i] == d["reason"], (stream[i][0], d["reason"])
+    report = verify_release_frame(snap.public.astype({"class_id": str}), [a.name for a in schema.qis],
+                                  cfg.anonymization.k, record_id=None, schema=schema)
     assert report.ok, report.violations[:5]
+    outcomes = Counter(str(o) for o in snap.records.outcome)
+    print(f"\nservice fuzz: {len(stream)} messages ({len(adult)} ADULT records + {len(poison)} malformed of "
+          f"{len(set(KINDS))} kinds); outcomes {dict(outcomes)}; dead-letter reasons {dict(sorted(expected.items()))}; "
+          f"suppressed {dict(t.suppressed_reasons)}; {t.classes} classes")
     kinds = Counter(kind for kind, _, _, _ in stream)
     assert set(kinds) == {"adult", *KINDS}
     assert kinds["non_utf8_header_key"] > 10 and kinds["control_header_on_record"] > 10

@@ -521,7 +521,8 @@ def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(
         schema = adult_schema()
         deadline = time.monotonic() + 90
         while True:
-            snap = collect_outputs(bootstrap, anon="adult.anon", suppressed="adult.suppressed", dlq="adult.dlq",
+            snap = collect_outputs(bootstrap, input_topic="adult.raw", anon="adult.anon", suppressed="adult.suppressed",
+                                   dlq="adult.dlq",
                                    qis=[a.name for a in schema.qis], sensitive=["income"], timeout_s=20, idle_s=0.2)
             accounted = len(snap.records)
             if accounted >= n or time.monotonic() > deadline:
