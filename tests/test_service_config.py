@@ -429,6 +429,21 @@ def test_client_library_loggers_are_quiet_unless_debug() -> None:
             logging.getLogger(n).setLevel(level)
 
 
+def test_closing_clients_cancelled_metadata_refresh_is_not_an_error_line(caplog: pytest.LogCaptureFixture) -> None:
+    """kafka-python logs ``ERROR Metadata refresh: failed Cancelled`` when a client closes during its periodic
+    metadata request (issue 11: two such lines ended every demo); other metadata errors still show."""
+    from kafka.errors import Cancelled, KafkaTimeoutError
+
+    configure_logging("INFO")
+    configure_logging("INFO")  # idempotent: one filter
+    cluster = logging.getLogger("kafka.cluster")
+    assert sum(type(f).__name__ == "CancelledMetadataRefresh" for f in cluster.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="kafka.cluster"):
+        cluster.error("Metadata refresh: failed %s", Cancelled())
+        cluster.error("Metadata refresh: failed %s", KafkaTimeoutError("no answer"))
+    assert [r.getMessage() for r in caplog.records] == ["Metadata refresh: failed KafkaTimeoutError: no answer"]
+
+
 # ------------------------------------------------------------------ one name for the bootstrap servers variable
 def test_deprecated_bootstrap_variable_is_used_with_a_warning(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
