@@ -286,12 +286,12 @@ def test_adult_32k_release_verified_quickly_and_corruption_caught(adult_path: Pa
     out = adult_release(df, s, 5)
     path = tmp_path / "adult_k5.csv"
     out.to_csv(path, index=False)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the bound holds on a loaded machine
     r = verify_release_file(path, 5, schema=s, original=df)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     assert r.ok, r.violations[:5]
     assert (r.records, r.classes, r.min_class_size) == (32_561, 6512, 5)
-    assert seconds < 10, f"verifying 32,561 rows took {seconds:.1f} s"
+    assert seconds < 10, f"verifying 32,561 rows took {seconds:.1f} CPU s"
     # one generalized value that no longer covers its record, one class cut below k
     bad = out.copy()
     i = int(np.flatnonzero(bad["age"].str.startswith("[90"))[0]) if bad["age"].str.startswith("[90").any() else 0

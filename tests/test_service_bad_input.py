@@ -126,10 +126,11 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path,
     assert got == {r: float(n) for r, n in expected_reasons.items()}
 
 
-# value-level poison (tests/fuzz_support.py): the kinds whose point is a header are the consumer loop's and the
-# pipeline's (non-UTF-8 header keys raise CorruptRecordError inside poll(); a record carrying the control header
-# must be accounted); the service-level fuzz test through the real service process covers them
-VALUE_KINDS = [k for k in KINDS if k not in ("control_header_on_record", "non_utf8_header_key")]
+# header-level poison is decided by the consumer loop and the pipeline, not the decoder: a header key that is not
+# UTF-8 makes kafka-python raise CorruptRecordError inside poll() for the rest of its producer batch (so each is sent
+# alone in its batch) and is dead-lettered by position as corrupt_record; a record carrying the control header is
+# not a flush but a dead letter control_header_on_record
+HEADER_REASONS = {"non_utf8_header_key": "corrupt_record", "control_header_on_record": "control_header_on_record"}
 
 
 @pytest.mark.integration
@@ -145,22 +146,30 @@ def test_poison_messages_among_valid_records_are_each_accounted_once(broker, adu
     cfg = service_config(bs, prefix, **{"service.max_message_bytes": max_bytes, "service.dlq_max_bytes": 4096})
     schema = adult_schema()
     adult = [schema.validate(r) for _, r in zip(range(3000), iter_adult_records(adult_path), strict=False)]
-    poison = malformed_messages(11, 3000, records=adult[:500], max_message_bytes=max_bytes, kinds=VALUE_KINDS)
+    poison = malformed_messages(11, 3000, records=adult[:500], max_message_bytes=max_bytes, kinds=KINDS)
     stream: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []  # (kind, key, value, headers)
     for i, rec in enumerate(adult):
         stream.append(("adult", rec["id"].encode(), json.dumps(rec).encode(), []))
         stream.append((poison[i].kind, poison[i].key, poison[i].value, poison[i].headers))
     decoder = RecordDecoder(schema, max_bytes)
     verdicts = [decoder.decode(v) for _, _, v, _ in stream]
-    expected = Counter(v.reason for v in verdicts if isinstance(v, DeadLetter))
+    expected_reason = [HEADER_REASONS.get(kind, v.reason if isinstance(v, DeadLetter) else None)
+                       for (kind, _, _, _), v in zip(stream, verdicts, strict=True)]
+    expected = Counter(r for r in expected_reason if r is not None)
 
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     th = threading.Thread(target=main.run, daemon=True)
     th.start()
     assert main.ready.wait(30)
     producer = KafkaProducer(bootstrap_servers=bs, acks="all", max_request_size=4 * 1024 * 1024, linger_ms=5)
-    futures = [producer.send(cfg.topics.input, key=key, value=value, headers=headers, partition=i % 2)
-               for i, (_, key, value, headers) in enumerate(stream)]
+    futures = []
+    for i, (kind, key, value, headers) in enumerate(stream):
+        alone = kind == "non_utf8_header_key"
+        if alone:
+            producer.flush()
+        futures.append(producer.send(cfg.topics.input, key=key, value=value, headers=headers, partition=i % 2))
+        if alone:
+            producer.flush()
     producer.flush()
     position = {(f.get(30).partition, f.get(30).offset): i for i, f in enumerate(futures)}
     send_flush_markers(producer, cfg.topics.input, [0, 1])
@@ -177,16 +186,24 @@ def test_poison_messages_among_valid_records_are_each_accounted_once(broker, adu
     th.join(30)
 
     assert t.consumed == len(stream) and t.dead_letter_reasons == dict(expected)
-    snap = collect_outputs(bs, anon=cfg.topics.anon, suppressed=cfg.topics.suppressed, dlq=cfg.topics.dlq,
-                           qis=[a.name for a in schema.qis], sensitive=["income"])
-    assert len(snap.records) == len(stream)  # each input exactly once across anon + suppressed + dlq
+    assert t.internal_errors == 0  # no sweep, no guard: every outcome is a decision, none a caught bug
+    tp = cfg.topics
+    snap = collect_outputs(bs, input_topic=tp.input, anon=tp.anon, suppressed=tp.suppressed, dlq=tp.dlq,
+                           qis=[a.name for a in schema.qis], sensitive=["income"],
+                           input_ends=partition_ends(bs, tp.input))
+    assert snap.ok, (snap.accounting, snap.published, snap.problems)  # each input exactly once, outputs once
+    assert len(snap.records) == len(stream) and snap.control == 2
     assert not snap.records.duplicated(["src_partition", "src_offset"]).any()
-    for part, off, reason, _ in snap.dlq_values:
-        verdict = verdicts[position[(part, off)]]
-        assert isinstance(verdict, DeadLetter) and verdict.reason == reason, (stream[position[(part, off)]][0], reason)
-    released = snap.records[snap.records.outcome == "released"]
-    report = verify_release_frame(released[["class_id", *[a.name for a in schema.qis], "income"]].astype(
-        {"class_id": str}), [a.name for a in schema.qis], cfg.anonymization.k, record_id=None, schema=schema)
+    for d in snap.dead_letters:
+        i = position[(d["partition"], d["offset"])]
+        assert expected_reason[i] == d["reason"], (stream[i][0], d["reason"])
+    report = verify_release_frame(snap.public.astype({"class_id": str}), [a.name for a in schema.qis],
+                                  cfg.anonymization.k, record_id=None, schema=schema)
     assert report.ok, report.violations[:5]
+    outcomes = Counter(str(o) for o in snap.records.outcome)
+    print(f"\nservice fuzz: {len(stream)} messages ({len(adult)} ADULT records + {len(poison)} malformed of "
+          f"{len(set(KINDS))} kinds); outcomes {dict(outcomes)}; dead-letter reasons {dict(sorted(expected.items()))}; "
+          f"suppressed {dict(t.suppressed_reasons)}; {t.classes} classes")
     kinds = Counter(kind for kind, _, _, _ in stream)
-    assert set(kinds) == {"adult", *VALUE_KINDS}
+    assert set(kinds) == {"adult", *KINDS}
+    assert kinds["non_utf8_header_key"] > 10 and kinds["control_header_on_record"] > 10

@@ -91,6 +91,7 @@ def test_security_options_pass_through() -> None:
     ({"anonymization.algorithm": "mondrian"}, "anonymization.algorithm.*castle.*ubdsa"),
     ({"anonymization.nope": 1}, "unknown option"),
     ({"service.metrics_port": 70000}, "service.metrics_port"),
+    ({"service.idle_flush_seconds": -1}, r"service.idle_flush_seconds: expected a number >= 0 \(0 = never\), got -1"),
     ({"topics.anon": "adult.raw"}, "must differ"),
 ])
 def test_bad_values_name_the_option(overrides: dict[str, object], needle: str) -> None:
@@ -298,6 +299,12 @@ def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(comma
     assert "0 to turn the metrics endpoint off" in line
 
 
+def test_udp_bridge_metrics_port_in_use_is_one_line_and_exit_2(busy_port: int) -> None:
+    line = _one_line_exit_2(_cli("udp-bridge", "--listen", "127.0.0.1:0", "--sink", "null", "--metrics-port",
+                                 str(busy_port), "--max-seconds", "5"), "stream-anon udp-bridge: ")
+    assert f"option --metrics-port: port {busy_port} on 127.0.0.1 is already in use" in line
+
+
 def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
     line = _one_line_exit_2(_cli("run", "--metrics-port", "0", "--set", f"service.side_metrics_port={busy_port}"),
                             "stream-anon run: ")
@@ -422,6 +429,21 @@ def test_client_library_loggers_are_quiet_unless_debug() -> None:
             logging.getLogger(n).setLevel(level)
 
 
+def test_closing_clients_cancelled_metadata_refresh_is_not_an_error_line(caplog: pytest.LogCaptureFixture) -> None:
+    """kafka-python logs ``ERROR Metadata refresh: failed Cancelled`` when a client closes during its periodic
+    metadata request (issue 11: two such lines ended every demo); other metadata errors still show."""
+    from kafka.errors import Cancelled, KafkaTimeoutError
+
+    configure_logging("INFO")
+    configure_logging("INFO")  # idempotent: one filter
+    cluster = logging.getLogger("kafka.cluster")
+    assert sum(type(f).__name__ == "CancelledMetadataRefresh" for f in cluster.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="kafka.cluster"):
+        cluster.error("Metadata refresh: failed %s", Cancelled())
+        cluster.error("Metadata refresh: failed %s", KafkaTimeoutError("no answer"))
+    assert [r.getMessage() for r in caplog.records] == ["Metadata refresh: failed KafkaTimeoutError: no answer"]
+
+
 # ------------------------------------------------------------------ one name for the bootstrap servers variable
 def test_deprecated_bootstrap_variable_is_used_with_a_warning(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -514,7 +536,8 @@ def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(
         schema = adult_schema()
         deadline = time.monotonic() + 90
         while True:
-            snap = collect_outputs(bootstrap, anon="adult.anon", suppressed="adult.suppressed", dlq="adult.dlq",
+            snap = collect_outputs(bootstrap, input_topic="adult.raw", anon="adult.anon", suppressed="adult.suppressed",
+                                   dlq="adult.dlq",
                                    qis=[a.name for a in schema.qis], sensitive=["income"], timeout_s=20, idle_s=0.2)
             accounted = len(snap.records)
             if accounted >= n or time.monotonic() > deadline:

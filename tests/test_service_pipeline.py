@@ -25,17 +25,13 @@ from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.service.accounting import LedgerAccounting
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, RecordDecoder
 from stream_anon.service.gate import PrePublishGate
-from stream_anon.service.ledger import (
-    EntryFactory,
-    LedgerAccounting,
-    LedgerEntry,
-    LedgerRecord,
-    LedgerScan,
-)
+from stream_anon.service.ledger import EntryFactory, LedgerEntry, LedgerRecord
 from stream_anon.service.linkage import forbidden_fields
 from stream_anon.service.pipeline import InputMessage, PartitionPipeline, PipelineSettings, last_line
+from stream_anon.service.recovery import LedgerScan
 from stream_anon.service.release import ClassEncoder, decode_class_message, decode_dead_letter, keyed_hash
 
 K, DELTA = 5, 60
@@ -280,6 +276,32 @@ def test_dead_letters_are_redacted_by_default_and_do_not_stop_the_partition(adul
                 assert body["truncated"] == (len(original) > 100)
     assert sorted(offsets_of(entries)) == list(range(len(msgs)))
     assert sum(res.stats.dead_letters.values()) == len(bad)
+
+
+def test_many_dead_letters_between_records_do_not_make_held_records_look_old(
+        adult_messages: list[InputMessage]) -> None:
+    """The engine's delay counts arrivals (records it was given), not offsets: with 3 dead letters per record,
+    a record held delta arrivals spans 4 x delta offsets, more than the sweep's 2 x delta.  A correct engine
+    must never trip the orphan sweep, however many dead letters the stream carries (a regression: the sweep
+    counted offsets and suppressed records the engine still held, reported as internal errors)."""
+    p = make_pipeline()
+    msgs: list[InputMessage] = []
+    for m in adult_messages[:400]:
+        for _ in range(3):
+            msgs.append(InputMessage(len(msgs), b"{not json", b"k"))
+        msgs.append(InputMessage(len(msgs), m.value, m.key))
+    entries: list[LedgerEntry] = []
+    errors: list[tuple[str, int | None, str]] = []
+    for i in range(0, len(msgs), 100):
+        res = p.process(msgs[i:i + 100], now=0.0)
+        entries += res.entries
+        errors += res.stats.internal_errors
+    res = p.flush(now=1.0)
+    entries += res.entries
+    errors += res.stats.internal_errors
+    assert errors == []
+    assert sorted(offsets_of(entries)) == list(range(len(msgs)))
+    assert sum(len(e.offsets) for e in entries if e.kind == "dlq") == 1200
 
 
 def test_vectorized_encoding_gives_the_same_entries_as_per_record_push(adult_messages: list[InputMessage]) -> None:

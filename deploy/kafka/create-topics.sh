@@ -8,7 +8,8 @@
 #     (<input>.ledger, compacted) have the SAME count: the service writes what it derives from input partition p
 #     to ledger and output partition p, so after a crash or a rebalance the new owner of p reads back only the
 #     tail of ledger partition p (and of output partition p from the last checkpoint) (docs/service.md);
-#   * the periodic estimate and k-means topics have one partition: a single ordered series of windows.
+#   * the periodic estimate and k-means topics have one partition: a single ordered series of windows;
+#   * the side paths' budget topic (<input>.side-budget, compacted) has one partition (docs/side-paths.md).
 set -euo pipefail
 
 BOOTSTRAP="${BOOTSTRAP_SERVERS:-kafka:9092}"
@@ -37,6 +38,8 @@ create "$INPUT_TOPIC" "$PARTITIONS"
 # `stream-anon audit` must look back (docs/threat-model.md, "Bounded growth")
 create "$INPUT_TOPIC.ledger" "$PARTITIONS" --config cleanup.policy=compact \
        --config "min.compaction.lag.ms=${LEDGER_MIN_COMPACTION_LAG_MS:-604800000}"
+# the side paths' cumulative budgets (kmeans.total_epsilon, the per-person cap): one partition, compacted, internal
+create "$INPUT_TOPIC.side-budget" 1 --config cleanup.policy=compact
 for suffix in anon suppressed dlq krr rs blap; do
   create "$PREFIX.$suffix" "$PARTITIONS"
 done

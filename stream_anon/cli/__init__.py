@@ -73,8 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     return one_line_errors(parser)
 
 
+class CancelledMetadataRefresh(logging.Filter):
+    """Drops kafka-python's ``ERROR Metadata refresh: failed Cancelled``: a client closed while its periodic
+    metadata request was in flight (every short-lived reader at the end of a demo, an audit, a replay).  Nothing
+    failed; any other metadata error still passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "Metadata refresh: failed %s" and len(record.args or ()) == 1
+                    and type(record.args[0]).__name__ == "Cancelled")  # type: ignore[index]
+
+
 def configure_logging(level_name: str) -> None:
-    """The root logger at ``level_name``; the Kafka client libraries at WARNING (or higher) unless DEBUG."""
+    """The root logger at ``level_name``; the Kafka client libraries at WARNING (or higher) unless DEBUG; the
+    benign ``Metadata refresh: failed Cancelled`` of closing clients dropped (:class:`CancelledMetadataRefresh`)."""
+    cluster = logging.getLogger("kafka.cluster")
+    if not any(isinstance(f, CancelledMetadataRefresh) for f in cluster.filters):
+        cluster.addFilter(CancelledMetadataRefresh())
     level = getattr(logging, level_name.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)  # also when a handler exists already (basicConfig then does nothing)

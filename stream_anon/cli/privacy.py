@@ -4,8 +4,9 @@ perturb: reads any CSV described by ``--schema`` (like ``anonymize``; without ``
   in the UCI layout or as a CSV with ADULT's columns, ``--input`` defaulting to ``$STREAM_ANON_ADULT``),
   perturbs ``--columns`` with one mechanism (``krr`` k-RR, ``rs`` FRAPP random substitution, ``rs-l``
   l-extended substitution, ``blap`` bounded Laplace / its discretized form for categories), writes
-  ``--output`` CSV (the schema's record id, the perturbed values, ``epsilon.<column>`` and ``epsilon.record``
-  per row) and a ``--summary`` JSON (eps per column and per record = sequential composition, values/s).
+  ``--output`` CSV (the perturbed values, ``epsilon.<column>`` and ``epsilon.record`` per row, rows in random
+  order and no record id: the public layout; ``--keep-ids`` adds the schema's record id column and keeps the
+  input order, for a collector that may know who sent each report) and a ``--summary`` JSON (eps per column and per record = sequential composition, values/s).
 estimate: reads that CSV (with the same ``--schema``) and recovers each column's distribution (categorical:
   unbiased counts with standard errors; numeric blap: the mean with its standard error); with ``--truth``
   (the original file) also the error against the true data (max abs count/frequency error, total
@@ -219,9 +220,9 @@ def run_perturb(args: argparse.Namespace) -> int:
     for c in cols:
         accountant.spend(info[c]["epsilon"], f"column {c!r}")
     df = read_input("--input", path, schema, args.format, schema_given=args.schema is not None)
-    rid = schema.record_id or "id"
-    out = pd.DataFrame({rid: df[rid]})
     n = len(df)
+    rid = schema.record_id or "id"
+    out = pd.DataFrame({rid: df[rid]}) if args.keep_ids else pd.DataFrame(index=pd.RangeIndex(n))
     total_time = 0.0
     total_values = 0
     for c in cols:
@@ -241,6 +242,8 @@ def run_perturb(args: argparse.Namespace) -> int:
             out[c] = reports
         info[c]["seconds"] = dt
         info[c]["values_per_s"] = n / dt if dt > 0 else math.inf
+    if not args.keep_ids:  # the public layout: no id, and the row order (arrival, file position) hidden
+        out = out.iloc[rng.permutation(n)].reset_index(drop=True)
     for c in cols:
         out[f"mechanism.{c}"] = describe_mechanism(info[c])
     for c in cols:
@@ -479,6 +482,9 @@ def register(sub: Any) -> None:
                    help=f"input file: a CSV of --schema, or ADULT without --schema (default ${ADULT_ENV})")
     p.add_argument("--output", required=True, help="perturbed CSV")
     p.add_argument("--summary", default=None, help="summary JSON (eps per column and per record, values/s)")
+    p.add_argument("--keep-ids", action="store_true",
+                   help="write the schema's record id column and keep the input order (default: no id, rows "
+                        "shuffled: joining two outputs by id composes their eps, and the order reveals positions)")
     p.add_argument("--seed", type=int, default=None, help="seed (tests only; default OS entropy)")
     p.set_defaults(func=_guarded("stream-anon perturb", run_perturb))
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from replay_tools.kafka_replay import ensure_topic
 from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.service.metrics import MetricsEndpointError, ServiceMetrics, serve_metrics
 from stream_anon.service.udp_bridge import (
     DEFAULT_WINDOW,
     KafkaSink,
@@ -84,7 +84,12 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
             stack.callback(kafka_sink.close)
             sink = kafka_sink
         if args.metrics_port:
-            serve_metrics(metrics.registry, args.metrics_port, addr=args.metrics_addr)
+            try:
+                serve_metrics(metrics.registry, args.metrics_port, addr=args.metrics_addr,
+                              port_option="--metrics-port", addr_option="--metrics-addr")
+            except MetricsEndpointError as e:
+                print(f"stream-anon udp-bridge: {e}", file=sys.stderr, flush=True)
+                return 2
         bridge = UdpBridge(host, port, sink, metrics, window=args.window, exit_on_eos=args.exit_on_eos,
                            eos_grace_s=args.eos_grace, idle_close_s=args.idle_close,
                            rcvbuf_bytes=args.rcvbuf)

@@ -57,14 +57,7 @@ from stream_anon.service.kafka_io import (
     make_consumer,
     retry,
 )
-from stream_anon.service.ledger import (
-    LedgerEntry,
-    LedgerScan,
-    OutputPresence,
-    PartitionOutbox,
-    RecoveryPlan,
-    outputs_to_resend,
-)
+from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
 from stream_anon.service.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
@@ -75,6 +68,7 @@ from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer, Receipt, open_producer
+from stream_anon.service.recovery import LedgerScan, OutputPresence, outputs_to_resend
 from stream_anon.service.release import EncodedMessage
 from stream_anon.service.supervisor import SidePaths
 from stream_anon.service.wiring import (

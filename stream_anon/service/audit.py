@@ -29,16 +29,9 @@ from typing import Any
 import pandas as pd
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
 from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.ledger import (
-    KIND_CLASS,
-    KIND_CONTROL,
-    AccountingReport,
-    LedgerAccounting,
-    LedgerRecord,
-    PublishedCheck,
-    ledger_topic,
-)
+from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
 from stream_anon.service.release import (
     PublicClass,
     ReleaseFormatError,

@@ -266,6 +266,8 @@ class Config:
              s.healthz_stall_seconds),
             ("service.side_paths_mode", s.side_paths_mode in ("process", "thread", "off"), "process, thread or off",
              s.side_paths_mode),
+            ("service.idle_flush_seconds", s.idle_flush_seconds >= 0, "a number >= 0 (0 = never)",
+             s.idle_flush_seconds),
             ("topics.partitions", t.partitions >= 1, "an integer >= 1", t.partitions),
             ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
             ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),

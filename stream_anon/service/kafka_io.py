@@ -17,7 +17,8 @@ from kafka.admin import NewTopic
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from stream_anon.service.config import Config
-from stream_anon.service.ledger import LedgerRecord, LedgerScan
+from stream_anon.service.ledger import LedgerRecord
+from stream_anon.service.recovery import LedgerScan
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""The internal ledger of the main path and its recovery protocol, pure (no Kafka, no Prometheus).
+"""The internal ledger of the main path: its entries, checkpoints and writer state, pure (no Kafka, no Prometheus).
+
+Recovery from the ledger is :mod:`stream_anon.service.recovery`, accounting from it
+:mod:`stream_anon.service.accounting`; the protocol below is the one the three implement.
 
 The ledger is the internal topic ``<input>.ledger`` (:func:`ledger_topic`), ledger partition = input
 partition.  It is the source of truth for recovery and accounting: every input offset appears in exactly one
@@ -62,8 +65,8 @@ from __future__ import annotations
 import base64
 import heapq
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stream_anon.service.gate import GateResult, PrePublishGate
@@ -78,7 +81,6 @@ from stream_anon.service.release import (
     EncodedMessage,
     canonical_json,
     dead_letter_message,
-    message_digest,
     release_id,
     suppressed_message,
 )
@@ -561,7 +563,7 @@ class PartitionOutbox:
         return out
 
 
-# ---------------------------------------------------------------------------------------------- recovery
+# ---------------------------------------------------------------------------------------------- recovery plan
 @dataclass(frozen=True)
 class RecoveryPlan:
     """What the backward scan of one ledger partition found.
@@ -599,278 +601,3 @@ class RecoveryPlan:
     seen_entries: tuple[tuple[int, bytes], ...] = ()
     seen_checkpoints: tuple[tuple[int, bytes], ...] = ()
     foreign_groups: tuple[str, ...] = ()
-
-
-class LedgerScan:
-    """Backward scan of one ledger partition (recovery step b).
-
-    Feed ``add_chunk`` with chunks in backward order (each chunk in forward offset order) until it returns True
-    or the partition's beginning is reached, then call :meth:`finish`.  Stops at the first checkpoint (from the
-    end) whose horizon is below the threshold max(committed, last checkpoint's watermark): by I3 everything
-    before it holds only offsets below the threshold.  Only checkpoints stop the scan (they follow a flush, so a
-    re-sent entry that landed out of order cannot end it early).  Foreign or corrupt messages are reported in
-    ``corrupt`` and skipped; identical re-writes of one entry count once.
-    """
-
-    def __init__(self, topic: str, partition: int, committed: int | None, *, group: str = "") -> None:
-        self.topic = topic
-        self.partition = partition
-        self.committed = committed
-        self.group = group
-        self.foreign_groups: set[str] = set()
-        self.done = False
-        self.records_read = 0
-        self.tombstones = 0
-        self.checkpoint: Checkpoint | None = None
-        self._threshold: int | None = None
-        self._entries: list[tuple[int, LedgerEntry, bytes]] = []  # backward order (ledger offset, entry, value)
-        self._n_after = 0  # how many of _entries precede (in scan order) the last checkpoint
-        self._checkpoints: list[tuple[int, bytes]] = []
-        self._corrupt: list[tuple[int, str]] = []
-        self._horizon = -1
-
-    def add_chunk(self, chunk: Sequence[LedgerRecord]) -> bool:
-        if self.done:
-            return True
-        for rec in reversed(chunk):
-            self.records_read += 1
-            if rec.value is None:
-                self.tombstones += 1
-                continue
-            try:
-                item = decode_ledger_value(rec.value)
-            except LedgerFormatError as e:
-                self._corrupt.append((rec.offset, str(e)))
-                continue
-            if item.topic != self.topic or item.partition != self.partition:
-                self._corrupt.append((rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
-                continue
-            self._horizon = max(self._horizon, item.horizon)
-            if isinstance(item, Checkpoint):
-                if self.group and item.group and item.group != self.group:
-                    self.foreign_groups.add(item.group)
-                self._checkpoints.append((item.horizon, item.key))
-                if self.checkpoint is None:
-                    self.checkpoint = item
-                    self._n_after = len(self._entries)
-                    self._threshold = item.watermark if self.committed is None else max(self.committed,
-                                                                                        item.watermark)
-                assert self._threshold is not None
-                if item.horizon < self._threshold:
-                    self.done = True
-                    return True
-                continue
-            self._entries.append((rec.offset, item, rec.value))
-        return False
-
-    def finish(self) -> RecoveryPlan:
-        ck = self.checkpoint
-        candidates = [x for x in (self.committed, ck.watermark if ck else None) if x is not None]
-        start = max(candidates) if candidates else None
-        by_offset: dict[int, int] = {}
-        seen_values: dict[bytes, bytes] = {}
-        conflicts: dict[int, list[int]] = {}
-        unique: list[tuple[int, LedgerEntry]] = []
-        for lo, e, value in reversed(self._entries):  # ledger order
-            prev = seen_values.get(e.key)
-            if prev is not None and prev == value:
-                continue  # the same entry written twice (a producer retry): one entry
-            seen_values[e.key] = value
-            unique.append((lo, e))
-            for o in e.offsets:
-                if o in by_offset:
-                    conflicts.setdefault(o, [by_offset[o]]).append(lo)
-                else:
-                    by_offset[o] = lo
-        accounted = frozenset(o for o in by_offset if start is None or o >= start)
-        after_offsets = {lo for lo, _, _ in self._entries[: self._n_after]} if ck is not None \
-            else {lo for lo, _, _ in self._entries}
-        pending = tuple(e for lo, e in unique if lo in after_offsets
-                        and (self.committed is None or e.last_offset >= self.committed))
-        horizon = self._horizon if start is None else max(self._horizon, start - 1)
-        return RecoveryPlan(
-            topic=self.topic, partition=self.partition, start_offset=start, accounted=accounted, horizon=horizon,
-            checkpoint=ck, pending=pending, scan_from=ck.ends_map if ck is not None else None,
-            conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
-            corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
-            seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
-            seen_checkpoints=tuple(reversed(self._checkpoints)), foreign_groups=tuple(sorted(self.foreign_groups)))
-
-
-class OutputPresence:
-    """The output messages found in the output partitions from ``plan.scan_from`` on (recovery step d)."""
-
-    def __init__(self) -> None:
-        self._digests: dict[bytes, int] = {}
-
-    def add(self, role: str, key: bytes | None, value: bytes | None) -> None:
-        d = message_digest(role, key, value)
-        self._digests[d] = self._digests.get(d, 0) + 1
-
-    def add_many(self, role: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> None:
-        for key, value in messages:
-            self.add(role, key, value)
-
-    def __contains__(self, digest: object) -> bool:
-        return digest in self._digests
-
-    def count(self, message: EncodedMessage) -> int:
-        return self._digests.get(message.digest(), 0)
-
-    @property
-    def digests(self) -> Collection[bytes]:
-        return self._digests.keys()
-
-
-def outputs_to_resend(pending: Sequence[LedgerEntry], present: Collection[bytes] | OutputPresence
-                      ) -> list[EncodedMessage]:
-    """The promised outputs of ``pending`` that are not in ``present`` (digests of the messages found), in
-    ledger order.  Re-send them as they are: same role, key and value bytes, no headers."""
-    out = []
-    for e in pending:
-        for m in e.outputs:
-            if m.digest() not in present:
-                out.append(m)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- accounting
-@dataclass
-class PublishedCheck:
-    """The promised outputs of one role against the messages of its topic."""
-
-    expected: int = 0
-    exactly_once: int = 0
-    missing: list[str] = field(default_factory=list)  # release ids
-    duplicated: list[str] = field(default_factory=list)  # release ids published more than once
-    unexpected: int = 0  # messages of the topic promised by no entry
-
-    @property
-    def ok(self) -> bool:
-        return not self.missing and not self.duplicated and not self.unexpected
-
-
-@dataclass
-class AccountingReport:
-    """Every input offset against the ledger: outcome counts and what breaks "exactly once"."""
-
-    outcomes: dict[str, int] = field(default_factory=dict)  # released / suppressed / dead_lettered / control
-    suppressed_reasons: dict[str, int] = field(default_factory=dict)
-    dlq_reasons: dict[str, int] = field(default_factory=dict)
-    classes: int = 0
-    entries: int = 0
-    checkpoints: int = 0
-    tombstones: int = 0
-    rewrites: int = 0  # identical copies of an entry (a producer retry), counted once
-    duplicates: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in two entries
-    missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in no entry
-    corrupt: list[tuple[int, int, str]] = field(default_factory=list)  # (partition, ledger offset, error)
-
-    @property
-    def ok(self) -> bool:
-        return not self.duplicates and not self.missing and not self.corrupt
-
-    @property
-    def accounted(self) -> int:
-        return sum(self.outcomes.values())
-
-
-class LedgerAccounting:
-    """The accounting view (``audit``, demo summary, verifier, linkage test): read whole ledger partitions
-    forward with :meth:`add`, then :meth:`report` (every input offset released, suppressed, dead-lettered or a
-    control marker exactly once) and :meth:`check_published` (every promised output on its topic exactly
-    once, nothing else there)."""
-
-    def __init__(self, topic: str, *, keep_entries: bool = False) -> None:
-        self.topic = topic
-        self.keep_entries = keep_entries
-        self.entries: list[tuple[int, LedgerEntry]] = []  # (partition, entry), each entry once (keep_entries)
-        self._outcome: dict[tuple[int, int], str] = {}
-        self._values: dict[bytes, bytes] = {}
-        self._report = AccountingReport()
-        self._promised: dict[str, dict[bytes, str]] = {r: {} for r in ROLES}
-        self.record_ids: dict[tuple[int, int], Any] = {}
-        self.class_members: dict[str, tuple[tuple[int, int], ...]] = {}
-
-    def add(self, partition: int, records: Iterable[LedgerRecord]) -> None:
-        rep = self._report
-        for rec in records:
-            if rec.value is None:
-                rep.tombstones += 1
-                continue
-            try:
-                item = decode_ledger_value(rec.value)
-            except LedgerFormatError as e:
-                rep.corrupt.append((partition, rec.offset, str(e)))
-                continue
-            if item.topic != self.topic or item.partition != partition:
-                rep.corrupt.append((partition, rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
-                continue
-            if isinstance(item, Checkpoint):
-                rep.checkpoints += 1
-                continue
-            prev = self._values.get(item.key)
-            if prev is not None and prev == rec.value:
-                rep.rewrites += 1
-                continue
-            self._values[item.key] = rec.value
-            rep.entries += 1
-            if self.keep_entries:
-                self.entries.append((partition, item))
-            outcome = item.outcome
-            for i, o in enumerate(item.offsets):
-                k = (partition, o)
-                if k in self._outcome:
-                    rep.duplicates.append(k)
-                    continue
-                self._outcome[k] = outcome
-                rep.outcomes[outcome] = rep.outcomes.get(outcome, 0) + 1
-                if item.record_ids:
-                    self.record_ids[k] = item.record_ids[i]
-            if item.kind == KIND_CLASS:
-                rep.classes += 1
-                assert item.class_id is not None
-                self.class_members[item.class_id] = tuple((partition, o) for o in item.offsets)
-            elif item.kind == KIND_SUPPRESSED:
-                assert item.reason is not None
-                rep.suppressed_reasons[item.reason] = rep.suppressed_reasons.get(item.reason, 0) + len(item.offsets)
-            elif item.kind == KIND_DLQ:
-                assert item.reason is not None
-                rep.dlq_reasons[item.reason] = rep.dlq_reasons.get(item.reason, 0) + 1
-            for m in item.outputs:
-                self._promised[m.role][m.digest()] = item.release_id
-
-    def outcome(self, partition: int, offset: int) -> str | None:
-        return self._outcome.get((partition, offset))
-
-    def report(self, input_ends: Mapping[int, int] | None = None,
-               input_begins: Mapping[int, int] | None = None) -> AccountingReport:
-        """The report; with ``input_ends`` (partition -> end offset of the input) every offset in
-        ``[begin, end)`` (begin default 0) must be accounted, else it is listed in ``missing``."""
-        rep = self._report
-        rep.missing = []
-        for p, end in sorted((input_ends or {}).items()):
-            begin = (input_begins or {}).get(p, 0)
-            rep.missing.extend((p, o) for o in range(begin, end) if (p, o) not in self._outcome)
-        return rep
-
-    def check_published(self, role: str, messages: Iterable[tuple[bytes | None, bytes | None]]) -> PublishedCheck:
-        """Compare the promised outputs of ``role`` with the (key, value) of every message of its topic."""
-        promised = self._promised[role]
-        seen: dict[bytes, int] = {}
-        chk = PublishedCheck(expected=len(promised))
-        for key, value in messages:
-            d = message_digest(role, key, value)
-            if d not in promised:
-                chk.unexpected += 1
-                continue
-            seen[d] = seen.get(d, 0) + 1
-        for d, rid in promised.items():
-            n = seen.get(d, 0)
-            if n == 0:
-                chk.missing.append(rid)
-            elif n > 1:
-                chk.duplicated.append(rid)
-            else:
-                chk.exactly_once += 1
-        return chk

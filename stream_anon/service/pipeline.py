@@ -188,8 +188,10 @@ class PartitionPipeline:
         self.next_offset = start_offset
         self.horizon = max(horizon, start_offset - 1)
         self.accounted: set[int] = {o for o in accounted if o >= start_offset}
-        self._buffered: dict[int, tuple[Any, float | None]] = {}  # offset -> (record id, ingest timestamp s)
+        # offset -> (record id, ingest timestamp s, arrival index in the engine)
+        self._buffered: dict[int, tuple[Any, float | None, int]] = {}
         self._heap: list[int] = []
+        self._arrivals = 0  # records handed to the engine (the engine's delay counts these, not offsets)
         self._dead: dict[int, None] = {}  # offsets dead-lettered after a failed push (insertion ordered)
         self._id_field = schema.record_id
         self._engine_id = schema.record_id or "id"  # the field the engine tracks records by
@@ -231,12 +233,15 @@ class PartitionPipeline:
             if m.offset > self.horizon:
                 self.horizon = m.offset
             control = m.corrupt is None and _has_control(m.headers)
+            # every message but a genuine end-of-stream marker is a consumed input (a control header on a record,
+            # or an unknown control value, is dead-lettered and counted like any other input)
+            marker = control and not m.value and _control_value(m.headers) == CONTROL_FLUSH
             if m.offset in self.accounted:
                 self.accounted.discard(m.offset)
                 stats.skipped += 1
-                stats.consumed += not control
+                stats.consumed += not marker
                 continue
-            if not control:
+            if not marker:
                 stats.consumed += 1
             try:
                 rec = self._classify(m, control, out, stats)
@@ -253,7 +258,9 @@ class PartitionPipeline:
             except Exception as e:  # the guard: a bug on this message dead-letters it, the partition goes on
                 self._internal_error(m, "decode", e, out, stats)
                 continue
-            self._buffered[m.offset] = (rid, m.timestamp_ms / 1000.0 if m.timestamp_ms is not None else None)
+            self._buffered[m.offset] = (rid, m.timestamp_ms / 1000.0 if m.timestamp_ms is not None else None,
+                                        self._arrivals)
+            self._arrivals += 1
             heapq.heappush(self._heap, m.offset)
             run.append((m, rec))
         self._push_run(run, out, stats, now)
@@ -264,13 +271,19 @@ class PartitionPipeline:
         """Suppress (reason ``delay_bound``) the records buffered for more than ``orphan_after`` arrivals, or all
         still buffered after the engine's flush (``everything``): a broken engine lost them (e.g. it failed after
         taking their release out of its state).  A correct engine never holds a record that long and holds
-        nothing after a flush; if one still releases it later, the release drops it (never accounted twice)."""
+        nothing after a flush; if one still releases it later, the release drops it (never accounted twice).
+        Arrivals are records handed to the engine, as the engine counts them: dead letters and control messages
+        between them are not arrivals (a stream with many dead letters must not make a held record look old).
+        Buffered offsets are pushed in arrival order, so the offset heap is in arrival order too."""
         heap, buffered = self._heap, self._buffered
-        limit = self.next_offset if everything else self.next_offset - self.settings.orphan_after
+        limit = self._arrivals if everything else self._arrivals - self.settings.orphan_after
         offsets: list[int] = []
-        while heap and heap[0] < limit:
+        while heap:
+            held = buffered.get(heap[0])
+            if held is not None and held[2] >= limit:
+                break
             off = heapq.heappop(heap)
-            if off in buffered:
+            if held is not None:
                 offsets.append(off)
         if not offsets:
             return
@@ -394,7 +407,7 @@ class PartitionPipeline:
             if held is None:  # not buffered: released before (an engine bug); never account an offset twice
                 stats.internal_errors.append(("release", off, "the engine released a record it does not hold"))
                 continue
-            rid, ts = held
+            rid, ts, _ = held
             offsets.append(off)
             rids.append(rid)
             members.append(rec)

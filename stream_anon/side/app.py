@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaError
+from kafka.errors import CorruptRecordError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
@@ -57,6 +57,7 @@ from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLett
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     MessageRejectedError,
+    PartitionReader,
     ProducerFatalError,
     connect_admin,
     ensure_topics,
@@ -294,7 +295,11 @@ class SidePathApp:
         assert consumer is not None
         poll_ms, max_records = self.cfg.service.poll_timeout_ms, self.cfg.kafka.max_poll_records
         while not self.stop_event.is_set():
-            batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
+            try:
+                batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
+            except CorruptRecordError as e:
+                self._skip_unreadable(e)
+                continue
             if not batch:
                 self._publish(self.processor.poll(), 0)
                 self._flush()
@@ -304,6 +309,30 @@ class SidePathApp:
                     self._process(tp, recs)
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
+
+    def _skip_unreadable(self, error: CorruptRecordError) -> None:
+        """kafka-python raised ``CorruptRecordError`` inside ``poll()`` (e.g. a header key that is not UTF-8) without
+        naming the partition: find each assigned partition whose record at the consumer's position cannot be read
+        (with a group-less reader, as the main path does), skip it (``corrupt_record``) and seek past it.  If none
+        is found, re-raise (the side paths stop with the error)."""
+        consumer = self._consumer
+        assert consumer is not None
+        reader = PartitionReader(self.cfg)
+        found = False
+        try:
+            for tp in sorted(consumer.assignment()):
+                pos = consumer.position(tp)
+                if pos is None or reader.first_readable(tp.topic, tp.partition, pos):
+                    continue
+                found = True
+                log.warning("side paths: the record at %s offset %d cannot be read (%s): skipped as corrupt_record",
+                            tp, pos, " ".join(str(error).split())[:300])
+                self._skip("corrupt_record")
+                consumer.seek(tp, pos + 1)
+        finally:
+            reader.close()
+        if not found:
+            raise error
 
     def _decode(self, partition: int, recs: Sequence[ConsumerRecord]) -> _Decoded:
         """Validated records in segments (a segment ends at an end-of-stream control), bad input, dead letters."""

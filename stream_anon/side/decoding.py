@@ -26,6 +26,13 @@ Decoded = tuple[dict[str, Any] | DeadLetter, tuple[str, ...]]
 """A validated record (or why not) and the attributes whose values were clipped."""
 
 
+def _parse_int(literal: str) -> int | float:
+    """JSON integers as Python ints, except literals too long for ``int()`` (Python limits conversions to 4,300
+    digits): those are far beyond any domain and read as a float (infinity: never clipped, the dead letter
+    stands)."""
+    return int(literal) if len(literal) <= 4000 else float(literal)
+
+
 class SideDecoder:
     """Bytes -> validated record (clipped into the public domain when ``out_of_domain == "clip"``), or the main
     path's :class:`DeadLetter`."""
@@ -42,13 +49,15 @@ class SideDecoder:
         if not (self.clip and isinstance(rec, DeadLetter) and rec.reason == "out_of_domain"):
             return rec, ()
         assert value is not None  # an out_of_domain dead letter had a JSON object
-        obj = json.loads(value)
-        clipped = self.clip_values(obj)
-        if not clipped:
-            return rec, ()
-        try:
+        try:  # the decoder accepted the bytes as one JSON object within the depth limit; parse them the same way
+            obj = json.loads(value.decode("utf-8-sig"), parse_int=_parse_int)
+            clipped = self.clip_values(obj)
+            if not clipped:
+                return rec, ()
             return self.schema.validate(obj), clipped
         except SchemaError:  # another problem remains: the main path's reason stands
+            return rec, ()
+        except Exception:  # noqa: BLE001 - never let one message stop the side paths: the dead letter stands
             return rec, ()
 
     def clip_values(self, obj: dict[str, Any]) -> tuple[str, ...]:
