@@ -348,10 +348,32 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
             bar.close()
         if own_producer and producer is not None:
             try:
-                producer.close(timeout=interrupt_flush_timeout_s if stats.interrupted else 10)
+                close_producer(producer, interrupt_flush_timeout_s if stats.interrupted else 10)
             except ReplayInterrupted:
                 pass
+            except KafkaTimeoutError:  # the broker went away: what it did not acknowledge is counted as not acked
+                if not stats.flush_timed_out:  # else its line was logged already
+                    stats.flush_timed_out = True
+                    log.error("replay: broker %s stopped answering: %d records not acknowledged", bootstrap_servers,
+                              sent - stats.records_acked - stats.errors)
     return stats
+
+
+def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
+    """``producer.close(timeout_s)``, and when it times out (the broker went away) the client is closed anyway.
+
+    kafka-python 3.0.12's ``close`` raises ``KafkaTimeoutError`` from its internal flush and leaves the client open
+    (its ``__del__`` then raises again at exit, "Exception ignored ... KafkaTimeoutError").  Then the sender thread
+    is stopped without waiting (``force_close``, what ``close`` itself does after its timeout) and the client is
+    marked closed, and the error is raised for the caller to report."""
+    try:
+        producer.close(timeout=timeout_s)
+    except KafkaTimeoutError:
+        sender = getattr(producer, "_sender", None)  # no public API to abandon what is in flight
+        if sender is not None:
+            sender.force_close()
+        producer._closed = True
+        raise
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, expected: int | None = None, timeout_s: float = 30.0,

@@ -133,6 +133,7 @@ REQUIRED_ALERTS = {
     "StreamAnonKAnonymityViolation": {"stream_anon_k_anonymity_violations_total"},
     "StreamAnonInternalError": {"stream_anon_internal_errors_total"},
     "StreamAnonPrivacyBudgetExhausted": {"stream_anon_side_outputs_refused_total"},
+    "StreamAnonStalled": {"stream_anon_seconds_since_progress", "stream_anon_consumer_lag"},
 }
 
 
@@ -193,6 +194,7 @@ def test_rule_and_dashboard_metrics_exist_in_the_metrics_module() -> None:
 DASHBOARD_MUST_SHOW = {
     "throughput in/out": {"stream_anon_records_consumed_total", "stream_anon_records_released_total"},
     "lag": {"stream_anon_consumer_lag"},
+    "progress": {"stream_anon_seconds_since_progress"},
     "delay quantiles vs bound": {"stream_anon_release_delay_arrivals_bucket", "stream_anon_delay_bound_arrivals"},
     "information loss": {"stream_anon_gt_loss", "stream_anon_class_information_loss_sum"},
     "class sizes": {"stream_anon_class_size_bucket"},

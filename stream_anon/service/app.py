@@ -58,6 +58,13 @@ from stream_anon.service.kafka_io import (
     retry,
 )
 from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
+from stream_anon.service.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    StopClock,
+    quiet_closing_clients,
+)
+from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import OutputProducer, Receipt, open_producer
@@ -92,6 +99,9 @@ BROKER_CHECK_SECONDS = 2.0
 """With no records polled and no output acknowledged for this long, the loop asks the broker for an input
 partition's first offset (``PartitionReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
 an idle stream from a broker outage."""
+LOOP_REQUEST_TIMEOUT_MS = 5000
+"""Blocking requests of the running loop (the recovery reader's scans and ends, committed offsets) time out after at
+most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
 LEDGER_WAIT_SECONDS = 0.05
 """When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
 
@@ -132,10 +142,14 @@ class _Rebalance(ConsumerRebalanceListener):
         self.main = main
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        gone = {tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input}
+        self.main.view = dataclasses.replace(self.main.view, assigned=self.main.view.assigned - gone)
         self.main.on_revoked([tp.partition for tp in revoked if tp.topic == self.main.cfg.topics.input])
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+        mine = frozenset(tp.partition for tp in assigned if tp.topic == self.main.cfg.topics.input)
+        self.main.view = dataclasses.replace(self.main.view, assigned=self.main.view.assigned | mine)
         self.main.assigned.set()
 
 
@@ -180,7 +194,8 @@ class MainPath:
 
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
-                 stop_event: threading.Event | None = None, secret_generated: bool = False) -> None:
+                 stop_event: threading.Event | None = None, secret_generated: bool = False,
+                 heartbeat: LoopHeartbeat | None = None) -> None:
         if cfg.release.secret is None:
             cfg, secret = with_release_secret(cfg)
             secret_generated = secret.generated
@@ -192,13 +207,17 @@ class MainPath:
         self.engine_factory = engine_factory or make_engine_factory(cfg, self.schema)
         self.settings = pipeline_settings(cfg)
         self.stop_event = stop_event or threading.Event()
+        self._stop_clock = StopClock(self.stop_event)  # the stop path's shared grace for acknowledgements
+        self._closing = False  # the final commit is done: a revoke while the consumer closes has nothing to do
         self.ready = threading.Event()  # clients connected, subscribed
         self.assigned = threading.Event()  # the group gave this member its partitions (at least once)
         self.states: dict[int, PartitionStatus] = {}
         self.outboxes: dict[int, PartitionOutbox] = {}
         self.totals = MainPathTotals()
-        self.highwater: dict[int, int] = {}
         self.committed: dict[int, int] = {}
+        self.heartbeat = heartbeat or LoopHeartbeat(cfg.service.healthz_stall_seconds)  # ticked every iteration
+        self.view = LoopView()  # for the lag monitor: assigned partitions, consumed positions (replaced, never mutated)
+        self.lag_monitor: LagMonitor | None = None
         t = cfg.topics
         self.ledger_topic = t.ledger_topic()
         self._role_topic = {"anon": t.anon, "suppressed": t.suppressed, "dlq": t.dlq}
@@ -226,6 +245,7 @@ class MainPath:
     def run(self) -> int:
         cfg = self.cfg
         stop = self.stop_event.is_set
+        give_up = self._stop_clock.give_up  # producers: a flush on the stop path waits for the grace, not forever
         for line in cfg.release_options().startup_warnings(secret_generated=self.secret_generated):
             log.warning("%s", line)
         try:
@@ -237,13 +257,15 @@ class MainPath:
                           "with the input's partition count; deploy/kafka/create-topics.sh)", self.ledger_topic)
                 return 2
             on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
-            self._producer = open_producer(cfg, partition_counts=counts, stop=stop, on_error=on_error)
+            self._producer = open_producer(cfg, partition_counts=counts, stop=give_up, on_error=on_error)
             # the ledger's messages are few and small, and step 2 waits for them: no linger
             ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
-            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=stop, on_error=on_error,
+            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=give_up, on_error=on_error,
                                          label="ledger")
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
-            self._reader = retry("recovery reader", lambda: PartitionReader(cfg), cfg, stop=stop)
+            reader_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(
+                cfg.kafka, request_timeout_ms=min(cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
+            self._reader = retry("recovery reader", lambda: PartitionReader(reader_cfg), cfg, stop=stop)
         except BrokerUnavailableError as e:
             log.error("%s", e)
             return 3
@@ -253,6 +275,7 @@ class MainPath:
             self._backend = InlineBackend(self.schema, self.settings, self.engine_factory,
                                           make_entry_factory(cfg, self.schema))
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
+        self.lag_monitor = LagMonitor(cfg, self.metrics, lambda: self.view).start()
         a = cfg.anonymization
         log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
                  cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
@@ -282,6 +305,7 @@ class MainPath:
         commit_every = cfg.service.commit_interval_ms / 1000.0
         last_commit = time.monotonic()
         while not self.stop_event.is_set():
+            self.heartbeat.tick()
             batch = self._poll()
             now = time.time()
             if batch:
@@ -297,11 +321,11 @@ class MainPath:
                 self._idle_flush(now)
             self._send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
             self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            self.view = LoopView(self.view.assigned, {p: st.next_offset for p, st in self.states.items()})
             self._send_acknowledged(wait=not batch)  # step 2
             self._write_tombstones()  # step 6 (commits confirmed during the poll)
             if time.monotonic() - last_commit >= commit_every:
                 self._commit()  # steps 3-5
-                self._update_position_metrics()
                 last_commit = time.monotonic()
             if time.monotonic() >= self._broker_check_at:
                 self._check_broker()
@@ -406,11 +430,11 @@ class MainPath:
                 self._last_input[p] = now
 
     # ------------------------------------------------------------------ the outbox (steps 1, 2)
-    def _collect(self, *, wait_all: bool) -> None:
+    def _collect(self, *, wait_all: bool, timeout: float | None = None) -> None:
         """Step 1 for the finished batches: their ledger entries go to the ledger; take over the partitions' new
-        watermarks."""
+        watermarks.  ``timeout``: a worker that does not answer within it raises :class:`WorkerError`."""
         assert self._backend is not None
-        for res in self._backend.results(wait_all=wait_all):
+        for res in self._backend.results(wait_all=wait_all, timeout=timeout):
             st = self.states.get(res.partition)
             if st is not None:
                 st.watermark, st.buffered = res.watermark, res.buffered
@@ -486,7 +510,7 @@ class MainPath:
         plan = self._plans.pop(partition, None)
         if plan is None:
             committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
-                tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
+                tp, timeout_ms=min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
             plan = self._scan_ledger(partition, committed)
         target = plan.start_offset if plan.start_offset is not None else first_offset
         if first_offset > target and self._seeked.get(partition) != target:
@@ -621,15 +645,6 @@ class MainPath:
             m.buffered_records.labels(partition=str(partition)).set(st.buffered)
             m.open_clusters.labels(partition=str(partition)).set(st.open_clusters)
 
-    def _update_position_metrics(self) -> None:
-        consumer, topic = self._consumer, self.cfg.topics.input
-        assert consumer is not None
-        for p, st in self.states.items():
-            hw = consumer.highwater(TopicPartition(topic, p))
-            if hw is not None:
-                self.highwater[p] = int(hw)
-                self.metrics.consumer_lag.labels(topic=topic, partition=str(p)).set(max(0, int(hw) - st.next_offset))
-
     # ------------------------------------------------------------------ commits (steps 3-6)
     def _checkpoint(self, partitions: list[int]) -> dict[TopicPartition, OffsetAndMetadata]:
         """Step 4 for ``partitions`` (after :meth:`_settle_outbox`): a checkpoint for each whose watermark or
@@ -668,8 +683,9 @@ class MainPath:
         if not offsets:
             return
         try:
-            if sync:
-                self._consumer.commit(offsets, timeout_ms=self.cfg.kafka.request_timeout_ms)
+            if sync:  # the stop path: bounded by what is left of the stop grace
+                timeout_s = min(self.cfg.kafka.request_timeout_ms / 1000.0, max(0.5, self._stop_clock.remaining()))
+                self._consumer.commit(offsets, timeout_ms=int(timeout_s * 1000))
                 self._confirmed.append({tp.partition: om.offset for tp, om in offsets.items()})
             else:
                 self._consumer.commit_async(offsets, callback=self._commit_done)
@@ -711,7 +727,7 @@ class MainPath:
         owned = [p for p in partitions if p in self.states]
         for p in partitions:
             self._plans.pop(p, None)
-        if not owned:
+        if not owned or self._closing:  # closing: the final commit covered them already
             return
         assert self._consumer is not None and self._backend is not None
         self._collect(wait_all=True)
@@ -735,9 +751,11 @@ class MainPath:
         """Finish (when ``clean``: last entries and outputs, checkpoints, final commit) and close; False if the
         broker was unreachable."""
         ok = True
+        if self.lag_monitor is not None:
+            self.lag_monitor.stop()
         try:
             if clean and self._backend is not None:
-                self._collect(wait_all=True)
+                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
             if clean and self._consumer is not None and self._producer is not None:
                 self._commit(sync=True)
                 self._write_tombstones()
@@ -748,15 +766,18 @@ class MainPath:
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
         except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
             log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
-        for closer in (self._consumer, self._reader):
-            try:
-                if closer is not None:
-                    closer.close()
-            except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
-                log.debug("close failed: %r", e)
+        self._closing = True
+        close_s = CLOSE_TIMEOUT_SECONDS if ok and clean else 0.5  # the broker did not answer: do not wait again
+        try:  # leaves the group: bounded (a stalled broker would otherwise hold it for kafka.request_timeout_ms)
+            if self._consumer is not None:
+                self._consumer.close(timeout_ms=int(close_s * 1000))
+            if self._reader is not None:
+                self._reader.close()
+        except (KafkaError, OSError) as e:  # closing on shutdown: nothing left to do
+            log.debug("close failed: %r", e)
         for producer in (self._producer, self._ledger):
             if producer is not None:
-                producer.close(timeout_s=10.0)
+                producer.close(timeout_s=close_s if ok and clean else 0.0)
         if self._backend is not None:
             self._backend.close()
         t = self.totals
@@ -765,10 +786,18 @@ class MainPath:
         return ok
 
 
-def start_metrics(cfg: Config, registry: CollectorRegistry) -> None:
+def start_metrics(cfg: Config, registry: CollectorRegistry, heartbeat: LoopHeartbeat | None = None) -> None:
+    """The metrics endpoint (``/metrics``), with ``/healthz`` answered by ``heartbeat`` when given."""
     if cfg.service.metrics_port:
-        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr)
-        log.info("metrics on http://%s:%d/metrics", cfg.service.metrics_addr, cfg.service.metrics_port)
+        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr,
+                      health=heartbeat.health if heartbeat is not None else None)
+        log.info("metrics on http://%s:%d/metrics%s", cfg.service.metrics_addr, cfg.service.metrics_port,
+                 ", health on /healthz" if heartbeat is not None else "")
+
+
+def _stop_side_on(stop_event: threading.Event, side: SidePaths) -> None:
+    stop_event.wait()
+    side.request_stop()
 
 
 def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
@@ -779,6 +808,7 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     registry = registry or CollectorRegistry()
     metrics = ServiceMetrics(registry)
+    quiet_closing_clients()  # a client closing while its network thread reads: no traceback on a clean stop
     cfg, secret = with_release_secret(cfg)
     broker: EmbeddedBroker | None = None
     if not cfg.kafka.bootstrap_servers:
@@ -786,15 +816,25 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers})
         log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
                  broker.bootstrap_servers)
+    heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
     try:
-        start_metrics(cfg, registry)
+        start_metrics(cfg, registry, heartbeat)
         side = SidePaths(cfg, metrics, stop_event)
+        # a stop reaches the side-path process at once: both stop in parallel (each bounded), the broker last
+        threading.Thread(target=_stop_side_on, args=(stop_event, side), name="side-stop", daemon=True).start()
         try:
-            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated).run()
+            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated,
+                          heartbeat=heartbeat).run()
         finally:
             stop_event.set()
             side.stop()
+            if side.mode == "process":
+                log.info("side-path process stopped")
         return rc
     finally:
         if broker is not None:
-            broker.stop()
+            # every client of this process is closed (a lag-monitor round may still be connecting): their
+            # connection-reset chatter when the broker goes is not an error here
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)
+            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
+            log.info("embedded broker stopped")

@@ -183,6 +183,7 @@ class ServiceSettings:
     metrics_addr: str = "127.0.0.1"
     side_paths_mode: str = "process"  # process | thread | off: how run/demo start the side paths (own group)
     side_metrics_port: int = 9109  # side-path metrics endpoint in "process" mode (0 = off)
+    healthz_stall_seconds: float = 60.0  # /healthz answers 503 once the main loop has not ticked for this long
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,8 @@ class Config:
             ("service.metrics_port", 0 <= s.metrics_port <= 65535, "0 (off) or a port 1-65535", s.metrics_port),
             ("service.side_metrics_port", 0 <= s.side_metrics_port <= 65535, "0 (off) or a port 1-65535",
              s.side_metrics_port),
+            ("service.healthz_stall_seconds", s.healthz_stall_seconds > 0, "a number of seconds > 0",
+             s.healthz_stall_seconds),
             ("service.side_paths_mode", s.side_paths_mode in ("process", "thread", "off"), "process, thread or off",
              s.side_paths_mode),
             ("service.idle_flush_seconds", s.idle_flush_seconds >= 0, "a number >= 0 (0 = never)",

@@ -47,7 +47,7 @@ from stream_anon.core.datasets import (
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
 from stream_anon.core.verify import ReleaseRoles, verify_release_frame, write_release_meta
-from stream_anon.service.app import MainPath, MainPathTotals, start_metrics
+from stream_anon.service.app import LOOP_REQUEST_TIMEOUT_MS, MainPath, MainPathTotals, start_metrics
 from stream_anon.service.audit import (
     collect_outputs,
     partition_ends,
@@ -56,6 +56,8 @@ from stream_anon.service.audit import (
 )
 from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.config import Config
+from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
+from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.supervisor import SidePaths
 from stream_anon.service.wiring import load_schema, with_release_secret
@@ -130,6 +132,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
              stop_event: threading.Event | None = None, progress: bool = True) -> int:
     t_start = time.monotonic()
     logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
+    quiet_closing_clients()
     stop_event = stop_event or threading.Event()
     out_dir = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,9 +153,12 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     cfg, secret = with_release_secret(cfg)  # once, for the main path, its workers and the side paths
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
+    heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
+    main_thread: threading.Thread | None = None
+    side: SidePaths | None = None
     try:
         try:
-            start_metrics(cfg, registry)
+            start_metrics(cfg, registry, heartbeat)
             if cfg.service.metrics_port:
                 print(f"demo: metrics on http://{cfg.service.metrics_addr}:{cfg.service.metrics_port}/metrics",
                       file=sys.stderr)
@@ -160,7 +166,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
             print(f"demo: metrics endpoint not started ({e}); continuing without it", file=sys.stderr)
         schema = load_schema(cfg)
         main = MainPath(cfg, metrics=metrics, schema=schema, stop_event=stop_event,
-                        secret_generated=secret.generated)
+                        secret_generated=secret.generated, heartbeat=heartbeat)
         main_thread = threading.Thread(target=main.run, name="main-path", daemon=True)
         main_thread.start()
         side = _start_side(cfg, metrics, stop_event)
@@ -210,10 +216,15 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
                              replay_stats["stats"], seconds_to_release, time.monotonic() - t_start)
     finally:
         stop_event.set()
+        # the same order as `run`: the side paths and the main path stop (each bounded), the broker last
+        if side is not None:
+            side.stop()
+        if main_thread is not None:
+            main_thread.join(STOP_GRACE_SECONDS + 4 * CLOSE_TIMEOUT_SECONDS + LOOP_REQUEST_TIMEOUT_MS / 1000.0)
         # kafka-python clients still closing log "Metadata refresh failed" once the run is over: not an error here
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
         if broker is not None:
-            broker.stop()
+            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
     _print_summary(summary, out_dir)
     try:
         from stream_anon.report.html import write_report  # matplotlib: imported only when a report is written

@@ -156,10 +156,13 @@ def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
 
 class PartitionReader:
     """Reads single partitions for recovery: the ledger backwards in chunks, output partitions forwards; no
-    consumer group (it never disturbs the group's membership).  Also answers ``ping`` (is the broker there?)."""
+    consumer group (it never disturbs the group's membership).  Also answers ``ping`` (is the broker there?).
+    Its waits scale with ``kafka.request_timeout_ms`` (30 s by default: an end offset within one request timeout, a
+    read that makes no progress for two), so a caller that must notice a stop quickly gives it a shorter one."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.request_timeout_s = cfg.kafka.request_timeout_ms / 1000.0
         self.consumer = KafkaConsumer(**client_options(cfg), group_id=None, enable_auto_commit=False,
                                       auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
                                       fetch_max_wait_ms=20)
@@ -173,9 +176,10 @@ class PartitionReader:
         so asking never disturbs the group's membership or a rebalance in progress."""
         self.consumer.beginning_offsets([TopicPartition(topic, partition)], timeout_ms=timeout_ms)
 
-    def bounds(self, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
+    def bounds(self, topic: str, partition: int, timeout_s: float | None = None) -> tuple[int, int]:
         """(first offset, end offset) of a partition (the end from a fetch's highwater: Tansu's
-        ``end_offsets()`` is wrong)."""
+        ``end_offsets()`` is wrong); ``timeout_s`` defaults to the request timeout."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         tp = TopicPartition(topic, partition)
         c = self.consumer
         c.assign([tp])
@@ -193,14 +197,15 @@ class PartitionReader:
         c = self.consumer
         c.seek(tp, lo)
         got: list[Any] = []
-        deadline = time.monotonic() + 60.0
+        stall_s = 2 * self.request_timeout_s
+        deadline = time.monotonic() + stall_s
         while c.position(tp) < hi:
             recs = c.poll(timeout_ms=500, max_records=max_records).get(tp, [])
             got.extend(r for r in recs if lo <= r.offset < hi)
             if recs:
-                deadline = time.monotonic() + 60.0
+                deadline = time.monotonic() + stall_s
             elif time.monotonic() > deadline:
-                raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for 60 s")
+                raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for {stall_s:g} s")
         return got
 
     def scan_ledger(self, topic: str, partition: int, scan: LedgerScan, chunk: int) -> LedgerScan:

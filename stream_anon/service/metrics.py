@@ -13,11 +13,14 @@ import errno
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -123,8 +126,12 @@ class ServiceMetrics:
         self.buffered_records = Gauge("stream_anon_buffered_records", "Records consumed but not yet released",
                                       ["partition"], registry=r)
         # -- Kafka position
-        self.consumer_lag = Gauge("stream_anon_consumer_lag", "Highwater minus consumed position",
+        self.consumer_lag = Gauge("stream_anon_consumer_lag", "Broker highwater minus consumed position (committed "
+                                  "offset for a partition not started), read by a thread independent of the loop",
                                   ["topic", "partition"], registry=r)
+        self.seconds_since_progress = Gauge("stream_anon_seconds_since_progress",
+                                            "Seconds since a consumed position or committed offset last moved while "
+                                            "there was lag (0 when there is no lag)", registry=r)
         self.commit_watermark = Gauge("stream_anon_commit_watermark",
                                       "Committed offset: lowest offset still buffered", ["topic", "partition"], registry=r)
         self.internal_errors = Counter("stream_anon_internal_errors",
@@ -187,17 +194,51 @@ class MetricsEndpointError(OSError):
     permission): a one-line message naming the option."""
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1", *,
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        """No access log (the default writes a line per scrape to stderr)."""
+
+
+Health = Callable[[], tuple[bool, str]]
+"""() -> (healthy, one line): what ``/healthz`` answers (200 or 503, the line as body)."""
+
+
+def metrics_app(registry: CollectorRegistry, health: Health | None = None) -> Callable[..., Iterable[bytes]]:
+    """The endpoint's WSGI app: prometheus_client's exposition of ``registry`` (every path but ``/healthz``), and
+    ``/healthz`` answered by ``health`` (404 without one)."""
+    exposition = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return exposition(environ, start_response)  # type: ignore[no-any-return]
+        if health is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"no health check here\n"]
+        ok, line = health()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+        return [line.encode() + b"\n"]
+
+    return app
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1", *, health: Health | None = None,
                   port_option: str = "service.metrics_port", addr_option: str = "service.metrics_addr") -> None:
-    """Expose ``registry`` on ``http://addr:port/metrics`` (loopback by default).
+    """Expose ``registry`` on ``http://addr:port/metrics`` (loopback by default), and ``health`` on ``/healthz``.
 
     Raises :class:`MetricsEndpointError` (an ``OSError``) naming ``port_option``/``addr_option`` when it cannot
     listen there.
     """
     try:
-        start_http_server(port, addr=addr, registry=registry)
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsServer", (_Server,), {"address_family": family})
+        httpd: WSGIServer = make_server(addr, port, metrics_app(registry, health), server_class, handler_class=_QuietHandler)
     except OSError as e:
         raise _endpoint_error(e, port, addr, port_option, addr_option) from None
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
 
 
 def check_metrics_endpoint(port: int, addr: str = "127.0.0.1", *, port_option: str = "service.metrics_port",

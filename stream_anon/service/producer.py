@@ -50,6 +50,8 @@ Outcome = Literal["retry", "fatal", "rejected"]
 """What a failed delivery means: re-send it, the client is broken, or re-sending cannot succeed."""
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
+FLUSH_SLICE_SECONDS = 1.0
+""":meth:`OutputProducer.flush` waits in slices of at most this long, looking at its ``stop`` after each."""
 
 
 @dataclass(frozen=True)
@@ -505,7 +507,7 @@ class OutputProducer:
         cfg = self.cfg.kafka
         delays = backoff_delays(cfg.retry_backoff_max_seconds)
         wait_s = max(1.0, cfg.request_timeout_ms / 1000.0)
-        t0 = time.monotonic()
+        t0 = last_warning = time.monotonic()
         stalled = False
         acked = 0
         unchecked, self._unchecked = self._unchecked, []
@@ -516,8 +518,8 @@ class OutputProducer:
                 self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
                 raise
         while self._open or self._failed:
-            if self._open:
-                self.transport.wait(wait_s)
+            if self._open:  # short slices: a stop is noticed within FLUSH_SLICE_SECONDS
+                self.transport.wait(min(wait_s, FLUSH_SLICE_SECONDS))
             acked += self._settle(raise_errors=True)
             waiting = self._open
             n_waiting = sum(len(b) - b.resolved for b in waiting)
@@ -525,8 +527,9 @@ class OutputProducer:
             if (waiting or self._failed) and self.stop is not None and self.stop():
                 raise BrokerUnavailableError(f"{n_waiting + n_failed} {self.label} messages not acknowledged "
                                              f"at shutdown")
-            if waiting:
+            if waiting and time.monotonic() - last_warning >= wait_s:  # one line per kafka.request_timeout_ms
                 stalled = True
+                last_warning = time.monotonic()
                 log.warning("broker %s has not acknowledged %d %s message(s) for %.0f s (unreachable or stalled): "
                             "waiting, the producer retries them%s", cfg.bootstrap_servers, n_waiting, self.label,
                             time.monotonic() - t0, "; watermarks are not committed until they are acknowledged"

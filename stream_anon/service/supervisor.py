@@ -5,9 +5,11 @@ delays the main path; it has its own metrics endpoint, ``service.side_metrics_po
 this process, sharing its metrics) or ``off``.  Each runs :func:`stream_anon.side.app.run_side_paths` with its
 own consumer group.
 
-The child process is started non-daemonic and stopped explicitly: :meth:`SidePaths.stop` asks it over its pipe,
-waits for its final report, and only terminates it if it does not finish in time.  The pipe is also how the child
-notices that the service died (end of file): it then stops on its own instead of living on as an orphan.
+The child process is started non-daemonic and stopped explicitly: :meth:`SidePaths.request_stop` asks it over its
+pipe (as soon as the service is told to stop, so both stop in parallel), :meth:`SidePaths.stop` waits for its final
+report and kills it if it does not finish in time.  It ignores SIGINT and SIGTERM (a Ctrl-C or a stop sent to the
+whole process group: the service decides).  It never outlives the service: the kernel kills it when the service
+dies (:func:`~stream_anon.service.lifecycle.die_with_parent`), and the end of file on its pipe stops it too.
 """
 
 from __future__ import annotations
@@ -25,12 +27,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from stream_anon.service.config import Config
+from stream_anon.service.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    die_with_parent,
+    quiet_closing_clients,
+)
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
 from stream_anon.side.metrics import side_registry
 
 log = logging.getLogger(__name__)
 
+SIDE_STOP_SECONDS = STOP_GRACE_SECONDS + CLOSE_TIMEOUT_SECONDS + 1.0
+"""How long the side-path process may take to stop after the request (its own stop path: the stop grace for its
+final flush, then its consumer and producer close) before it is killed."""
 REPORT_SECONDS = 0.25
 """How often the child process looks at its pipe (stop requests, status requests, the service gone)."""
 
@@ -65,6 +76,7 @@ class SidePaths:
         self._conn: Connection | None = None
         self._summary: dict[str, Any] | None = None
         self._asked = False
+        self._stop_sent: float | None = None  # monotonic time of the stop request
         self.exit_code: int | None = None
         if self.mode == "thread":
             status = self.status = SideStatus()
@@ -119,26 +131,34 @@ class SidePaths:
             return self._process.is_alive()
         return False
 
-    def stop(self, timeout: float = 30.0) -> dict[str, Any] | None:
-        """Stop the side paths (the thread's ``stop_event`` is the service's, already set by the caller) and
-        return their final summary."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        proc, conn = self._process, self._conn
-        if proc is not None and conn is not None:
+    def request_stop(self) -> None:
+        """Ask the side-path process to stop (returns at once; :meth:`stop` waits for it).  Safe to call from
+        another thread than :meth:`stop`'s, once."""
+        conn = self._conn
+        if self._process is not None and conn is not None and self._stop_sent is None:
+            self._stop_sent = time.monotonic()
             try:
                 conn.send(StopRequest())
             except (OSError, ValueError):  # the child is gone already
                 pass
-            deadline = time.monotonic() + timeout
+
+    def stop(self, timeout: float = SIDE_STOP_SECONDS) -> dict[str, Any] | None:
+        """Stop the side paths (the thread's ``stop_event`` is the service's, already set by the caller) and
+        return their final summary.  The child gets ``timeout`` seconds from the stop request, then is killed."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        proc, conn = self._process, self._conn
+        if proc is not None and conn is not None:
+            self.request_stop()
+            deadline = (self._stop_sent or time.monotonic()) + timeout
             while self.exit_code is None and proc.is_alive() and time.monotonic() < deadline:
                 if conn.poll(0.05):
                     self._drain()
             self._drain()
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
-                log.warning("side-path process %d did not stop within %.0f s: terminating it", proc.pid, timeout)
-                proc.terminate()
+                log.warning("side-path process %d did not stop within %.0f s: killing it", proc.pid, timeout)
+                proc.kill()
                 proc.join(5)
             conn.close()
             self._conn = None
@@ -148,9 +168,13 @@ class SidePaths:
 def side_process_main(cfg: Config, conn: Connection) -> None:
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
     ``conn``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    parent = mp.parent_process()
+    die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_closing_clients()
     metrics = ServiceMetrics(CollectorRegistry())
     if cfg.service.side_metrics_port:
         try:  # only the side paths' metrics: the main path's gauges would be exported here at 0

@@ -27,6 +27,7 @@ from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.service.config import Config
 from stream_anon.service.ledger import EntryFactory, LedgerEntry
+from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, die_with_parent
 from stream_anon.service.pipeline import (
     BatchResult,
     BatchStats,
@@ -138,8 +139,9 @@ class Backend(Protocol):
 
     def submit(self, work: Work) -> None: ...
 
-    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
-        """Results of finished work, in submission order per partition (``wait_all``: of all submitted work)."""
+    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
+        """Results of finished work, in submission order per partition (``wait_all``: of all submitted work;
+        ``timeout``: raise :class:`WorkerError` rather than wait longer)."""
         ...
 
     def drop(self, partitions: Iterable[int]) -> None: ...
@@ -203,7 +205,7 @@ class InlineBackend:
     def submit(self, work: Work) -> None:
         self._ready.append(self._p.run(work))
 
-    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
+    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
         out = list(self._ready)
         self._ready.clear()
         return out
@@ -223,7 +225,10 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
     Results go out through a sender thread, so this loop keeps reading requests while a large result is
     being written (two blocking writers on the two pipes could otherwise wait for each other forever).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    parent = mp.parent_process()
+    die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
+        signal.signal(sig, signal.SIG_IGN)
     outbox: queue.Queue[PartitionResult | WorkerFailure | None] = queue.Queue()
 
     def sender() -> None:
@@ -314,13 +319,18 @@ class ProcessBackend:
             raise WorkerError(f"pipeline worker {w}: {msg.request}: {msg.error}")
         return msg
 
-    def results(self, *, wait_all: bool = False) -> list[PartitionResult]:
+    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
         """Results available now; with ``wait_all`` every outstanding one; otherwise waits only while a worker has
-        ``max_in_flight`` batches outstanding (backpressure)."""
+        ``max_in_flight`` batches outstanding (backpressure).  ``timeout``: give up waiting after that many seconds
+        (:class:`WorkerError`: a worker that does not answer, e.g. on the stop path)."""
         limit = self.max_in_flight - 1
+        deadline = None if timeout is None else time.monotonic() + timeout
         out: list[PartitionResult] = []
         for w, conn in enumerate(self._results):
             while self._in_flight[w] and (wait_all or self._in_flight[w] > limit or conn.poll()):
+                if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) did not answer within "
+                                      f"{timeout:.0f} s")
                 out.append(self._recv(w))
         return out
 
@@ -334,8 +344,9 @@ class ProcessBackend:
                 conn.send(StopWorker())
             except (OSError, ValueError):
                 pass
+        deadline = time.monotonic() + CLOSE_TIMEOUT_SECONDS
         for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():  # it ignores SIGTERM (the parent decides): SIGKILL
+                proc.kill()
                 proc.join(2)

@@ -64,6 +64,7 @@ from stream_anon.service.kafka_io import (
     make_consumer,
     retry,
 )
+from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, StopClock
 from stream_anon.service.metrics import ServiceMetrics
 from stream_anon.service.pipeline import H_KIND, OutputMessage
 from stream_anon.service.producer import OutputProducer, open_producer
@@ -223,8 +224,9 @@ class SidePathApp:
                     admin.close()
                     return self._failed_start(f"not started: {e}", 2)
             admin.close()
+            # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
             self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
-                                           stop=stop, label="side")
+                                           stop=StopClock(self.stop_event).give_up, label="side")
             store = self.budget_store
             if store is not None:
                 rc = self.restore_budgets(store, lambda: retry("read the budget state", store.load, cfg, stop=stop))
@@ -504,19 +506,21 @@ class SidePathApp:
                     per_topic[topic] * self.processor.epsilon_per_record[topic]
 
     def _shutdown(self) -> None:
+        close_s = CLOSE_TIMEOUT_SECONDS
         try:
             if self._producer is not None and self._consumer is not None and self.status.ready.is_set():
                 self._publish(self.processor.flush(partial_kmeans=False), 0)  # final estimates, no budget spent
                 self._flush()
         except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
             log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
+            close_s = 0.0  # the broker did not answer: do not wait for it again
         if self._consumer is not None:
             try:
-                self._consumer.close()
+                self._consumer.close(timeout_ms=int(max(close_s, 0.5) * 1000))
             except (KafkaError, OSError) as e:  # closing a client of a dead broker
                 log.debug("consumer close failed: %r", e)
         if self._producer is not None:
-            self._producer.close(10.0)
+            self._producer.close(close_s)
         self.status.finished.set()
         log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
 

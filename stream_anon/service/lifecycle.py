@@ -1,0 +1,99 @@
+"""How the service's processes stop: bounded waits on the stop path, and children that never outlive their parent.
+
+Stopping (SIGTERM, Ctrl-C): every wait on the stop path is bounded.  Outputs get :data:`STOP_GRACE_SECONDS` (counted
+from the moment the stop was first noticed, shared by every flush of the stop path: :class:`StopClock`) to be
+acknowledged; what is not is left to the next owner (the ledger makes its re-send byte-identical).  Each Kafka client
+then gets :data:`CLOSE_TIMEOUT_SECONDS` to close (leave the group, drain what is in flight).
+
+Orphans: a child process (pipeline worker, side-path process) calls :func:`die_with_parent` first thing.  On Linux
+the kernel then sends it ``SIGKILL`` when the parent dies, however it dies (``PR_SET_PDEATHSIG``, prctl(2)); as a
+fallback (another OS, or a parent that was already gone before the call) a daemon thread watches the parent pid
+and ends the process when it changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 5.0
+"""On a stop: how long the stop path waits, in all, for outputs, ledger entries and the final commit to be
+acknowledged before it leaves them to the next owner (a restart re-sends them from the ledger)."""
+CLOSE_TIMEOUT_SECONDS = 2.0
+"""On a stop: how long each Kafka client may take to close (LeaveGroup, in-flight requests)."""
+PARENT_POLL_SECONDS = 1.0
+"""How often the fallback watcher of :func:`die_with_parent` looks at the parent pid."""
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+class StopClock:
+    """``give_up()``: true once ``stop_event`` has been set for ``grace`` seconds (the first call that sees it set
+    starts the clock).  Handed to the producers as their ``stop``: a flush on the stop path waits for acknowledgements
+    until the grace is over, then raises ``BrokerUnavailableError`` (outputs left to the next owner)."""
+
+    def __init__(self, stop_event: threading.Event, grace: float = STOP_GRACE_SECONDS) -> None:
+        self.stop_event = stop_event
+        self.grace = grace
+        self._since: float | None = None
+
+    def remaining(self) -> float:
+        """Seconds of grace left (``grace`` while not stopping)."""
+        if not self.stop_event.is_set():
+            return self.grace
+        if self._since is None:
+            self._since = time.monotonic()
+        return max(0.0, self.grace - (time.monotonic() - self._since))
+
+    def give_up(self) -> bool:
+        return self.stop_event.is_set() and self.remaining() <= 0.0
+
+
+class ClosedSocketRecv(logging.Filter):
+    """Drops kafka-python's ``ERROR ... Error receiving network data closing socket`` with the traceback of
+    ``AttributeError: 'NoneType' object has no attribute 'recv'``: a client closed (its socket set to None by the
+    closing thread) while its network thread was waking up to read from it (kafka-python 3.0.12,
+    ``kafka/net/transport.py``, ``_read_from_sock``).  Nothing was lost: the client was being closed.  Any other
+    receive error still passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, AttributeError) and "'NoneType' object has no attribute 'recv'" in str(exc)
+                    and str(record.msg).startswith("%s: Error receiving network data"))
+
+
+def quiet_closing_clients() -> None:
+    """Install :class:`ClosedSocketRecv` on kafka-python's transport logger (once per process)."""
+    transport = logging.getLogger("kafka.net.transport")
+    if not any(isinstance(f, ClosedSocketRecv) for f in transport.filters):
+        transport.addFilter(ClosedSocketRecv())
+
+
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Make this process end when its parent dies: ``PR_SET_PDEATHSIG`` (Linux), plus a watcher thread that ends
+    the process when the parent pid changes (the parent died before the prctl call, or no prctl).
+
+    ``parent_pid``: the parent's pid as the parent knew it (default: the current parent); if it is already gone,
+    exit at once.  The parent-death signal follows the parent *thread* that started this process: start children
+    from a thread that lives as long as they should (the main thread)."""
+    expected = os.getppid() if parent_pid is None else parent_pid
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != expected:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            if os.getppid() != expected:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

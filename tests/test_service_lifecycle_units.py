@@ -1,0 +1,107 @@
+"""Units of the stop path and of liveness: the stop grace, the log filter of closing clients, ``/healthz``, the
+parent-death wiring (a child killed with its parent, through a real fork)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stream_anon.service.broker import free_port
+from stream_anon.service.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
+from stream_anon.service.liveness import LoopHeartbeat
+from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+
+
+def test_stop_clock_gives_up_only_after_the_grace() -> None:
+    ev = threading.Event()
+    clock = StopClock(ev, grace=0.3)
+    assert not clock.give_up() and clock.remaining() == 0.3  # not stopping: never gives up
+    ev.set()
+    assert not clock.give_up()  # the first look starts the grace
+    deadline = time.monotonic() + 10
+    while not clock.give_up():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert clock.remaining() == 0.0
+
+
+def _record(msg: str, exc: BaseException | None) -> logging.LogRecord:
+    return logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, msg, ("<t>",),
+                             (type(exc), exc, None) if exc is not None else None)
+
+
+def test_closed_socket_filter_drops_only_the_close_race() -> None:
+    f = ClosedSocketRecv()
+    race = AttributeError("'NoneType' object has no attribute 'recv'")
+    assert not f.filter(_record("%s: Error receiving network data closing socket", race))
+    assert f.filter(_record("%s: Error receiving network data closing socket", ConnectionResetError(104, "reset")))
+    assert f.filter(_record("%s: Abort (%s)", race))
+    assert f.filter(_record("%s: socket disconnected", None))
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def test_healthz_answers_from_the_heartbeat_and_metrics_stay_on_the_endpoint() -> None:
+    registry = CollectorRegistry()
+    ServiceMetrics(registry)
+    beat = LoopHeartbeat(stall_seconds=0.2)
+    port = free_port()
+    serve_metrics(registry, port, health=beat.health)
+    status, body = _get(f"http://127.0.0.1:{port}/healthz")
+    assert status == 200 and body.startswith("ok: main loop ticked"), body
+    deadline = time.monotonic() + 10
+    while beat.age() <= 0.2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, body = _get(f"http://127.0.0.1:{port}/healthz")
+    assert status == 503 and "service.healthz_stall_seconds = 0.2" in body, body
+    beat.tick()
+    assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    status, body = _get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200 and "stream_anon_seconds_since_progress 0.0" in body
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_child_dies_with_its_parent() -> None:
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the parent-to-be: forks the child, reports its pid, then dies with SIGKILL
+        child = os.fork()
+        if child == 0:
+            os.close(r)
+            die_with_parent(os.getppid())
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like the workers: only the parent's death ends it
+            time.sleep(60)
+            os._exit(0)
+        os.write(w, str(child).encode())
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.close(w)
+    child = int(os.read(r, 32).decode())
+    os.close(r)
+    os.waitpid(middle, 0)
+    deadline = time.monotonic() + 20
+    while True:  # reparented to init (or a subreaper): gone or a zombie once killed
+        try:
+            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)

@@ -1,0 +1,153 @@
+"""Liveness that tells the truth, through the real ``stream-anon run`` process (issue 12, item 6).
+
+The main loop is frozen with records waiting: its pipeline worker is stopped (SIGSTOP), so the loop blocks waiting
+for the worker's results (backpressure) while more input arrives.  ``/healthz`` on the metrics port must turn 503,
+``stream_anon_consumer_lag`` (read from the broker by a thread independent of the loop) must show the backlog and
+``stream_anon_seconds_since_progress`` must grow, and a real Prometheus server scraping the service must fire
+``StreamAnonStalled`` (the rule of deploy/prometheus/rules.yml with its thresholds scaled down); once the worker
+resumes, all of them recover.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from deploy_support import RULES_YML, require_tool
+from test_service_lifecycle import adult_records, alive, cmdline, descendants, wait_for
+
+from replay_tools.kafka_replay import replay_records
+from stream_anon.service.broker import free_port
+from stream_anon.service.liveness import LAG_INTERVAL_SECONDS
+
+STALL_SECONDS = 3.0  # service.healthz_stall_seconds in the test
+RULE_SECONDS = 8  # the StreamAnonStalled rule of rules.yml with its 300 s and `for: 1m` scaled down to 8 s and 2 s
+
+
+def stalled_rule_only(path: Path) -> None:
+    """rules.yml's StreamAnonStalled alone, its thresholds scaled down (expression otherwise unchanged)."""
+    doc = yaml.safe_load(RULES_YML.read_text(encoding="utf-8"))
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "StreamAnonStalled")
+    assert "> 300)" in rule["expr"] and rule["for"] == "1m"
+    rule = {**rule, "expr": rule["expr"].replace("> 300)", f"> {RULE_SECONDS})"), "for": "2s"}
+    path.write_text(yaml.safe_dump({"groups": [{"name": "stalled", "rules": [rule]}]}), encoding="utf-8")
+
+
+def start_prometheus(tmp: Path, metrics_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    prom_port = free_port()
+    stalled_rule_only(tmp / "rules.yml")
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp / "rules.yml")],
+              "scrape_configs": [{"job_name": "stream-anon", "scrape_interval": "1s",
+                                  "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    proc = subprocess.Popen([require_tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return proc, f"http://127.0.0.1:{prom_port}"
+
+
+def alert_states(prom: str) -> list[str]:
+    try:
+        data = json.loads(urllib.request.urlopen(f"{prom}/api/v1/alerts", timeout=5).read())
+    except OSError:
+        return []
+    return [a["state"] for a in data["data"]["alerts"] if a["labels"].get("alertname") == "StreamAnonStalled"]
+
+
+def healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Sample name (with labels) -> value of the main endpoint."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in body.splitlines():
+        m = re.match(r"^(stream_anon_(?:consumer_lag|seconds_since_progress)\S*) (\S+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def lag(port: int) -> float:
+    return sum(v for k, v in scrape(port).items() if k.startswith("stream_anon_consumer_lag"))
+
+
+def since_progress(port: int) -> float:
+    return scrape(port).get("stream_anon_seconds_since_progress", -1.0)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(broker, adult_path: Path,
+                                                                              tmp_path: Path) -> None:
+    bs = broker.bootstrap_servers
+    prefix = f"live{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}.raw"
+    port = free_port()
+    sets = [x for role in ("anon", "suppressed", "dlq") for x in ("--set", f"topics.{role}={prefix}.{role}")]
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--bootstrap-servers", bs,
+           "--no-side-paths", "--metrics-port", str(port), "--group-id", f"{prefix}-main",
+           "--set", f"topics.input={topic}", *sets, "--set", "kafka.session_timeout_ms=6000",
+           "--set", "service.workers=1", "--set", "kafka.max_poll_records=200",
+           "--set", f"service.healthz_stall_seconds={STALL_SECONDS}"]
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    records = adult_records(adult_path, 12000)
+    worker: int | None = None
+    prometheus, prom = start_prometheus(tmp_path, port)
+    try:
+        wait_for("partitions assigned", lambda: "assigned partitions" in log.read_text(), 120, log)
+        replay_records(records[:2000], topic, bs)
+        # healthy and caught up: lag 0 read from the broker, no stall
+        wait_for("caught up", lambda: "partition 0: starting at offset" in log.read_text() and lag(port) == 0
+                 and since_progress(port) == 0, 60, log)
+        assert healthz(port)[0] == 200
+        workers = [p for p in descendants(proc.pid) if "spawn_main" in cmdline(p)]
+        assert len(workers) == 1, {p: cmdline(p) for p in descendants(proc.pid)}
+        worker = workers[0]
+        os.kill(worker, signal.SIGSTOP)  # the loop blocks on the worker's results once it has 2 batches in flight
+        replay_records(records[2000:], topic, bs)
+        t0 = time.monotonic()
+        wait_for("/healthz 503", lambda: healthz(port)[0] == 503, 60, log)
+        status, body = healthz(port)
+        assert status == 503 and body.startswith("stalled: main loop has not ticked"), body
+        wait_for("lag from the broker shows the backlog", lambda: lag(port) > 5000, 60, log)
+        wait_for("seconds since progress grows", lambda: since_progress(port) >= 2 * LAG_INTERVAL_SECONDS, 60, log)
+        # a real Prometheus scraping the service evaluates the rule (thresholds scaled down) and fires it
+        wait_for("StreamAnonStalled firing in Prometheus", lambda: "firing" in alert_states(prom), 90, log)
+        print(f"\nloop frozen: StreamAnonStalled firing; /healthz 503 '{body.strip()}', lag {lag(port):.0f}, seconds since progress "
+              f"{since_progress(port):.0f} ({time.monotonic() - t0:.0f} s after the freeze)")
+        os.kill(worker, signal.SIGCONT)
+        worker = None
+        wait_for("/healthz 200 again", lambda: healthz(port)[0] == 200, 60, log)
+        wait_for("drained: lag 0, no stall", lambda: lag(port) == 0 and since_progress(port) == 0, 120, log)
+        wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text()
+    finally:
+        prometheus.terminate()
+        prometheus.wait(30)
+        if worker is not None and alive(worker):
+            os.kill(worker, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
