@@ -35,6 +35,12 @@ class ProducerFatalError(RuntimeError):
     renewed): it cannot send again; close it and create a new one (``OutputProducer.reopen``)."""
 
 
+class ProducerStuckError(ProducerFatalError):
+    """The producer has not had a message acknowledged for ``service.producer_recovery_seconds`` (the client
+    may never recover by itself, e.g. an idempotent producer after a broker restart): close it and create a new
+    one."""
+
+
 class MessageRejectedError(RuntimeError):
     """The broker or the client refused a message for good (too large, topic not authorized ...): re-sending it
     cannot succeed."""
