@@ -40,6 +40,8 @@ from stream_anon.service.broker_guard import EXIT_DATA_LOSS
 K, DELTA, PARTITIONS = 10, 1000, 2
 RECORDS = None  # all of ADULT (32,561 records), in 2 partitions (with end markers)
 RESENT = re.compile(r"(\d+) outputs re-sent")
+OWN_FRAME = re.compile(r'File "[^"]*stream_anon/')  # a traceback through this project's code (kafka-python logs
+# its own connection resets with a traceback when the broker is killed: not ours)
 
 
 def service_cmd(bs: str, prefix: str, group: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -198,7 +200,7 @@ def test_durable_broker_kill_9_three_times_with_the_service_running(durable_brok
     wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
     assert stop(service) == 0, service.text()[-5000:]
     text = service.text()
-    assert "Traceback" not in text, text[-5000:]
+    assert not OWN_FRAME.search(text), text[-5000:]
     snap = check_exactly_once(bs, prefix, ends, adult)
     recreated = text.count("producers created anew")
     print(f"\ndurable broker kill -9 x3 with the service running ({client} producer): {len(snap.records)} records "
@@ -233,7 +235,7 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
     resumed = time.monotonic() - t0
     wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
     assert stop(service) == 0, service.text()[-5000:]
-    assert "Traceback" not in service.text()
+    assert not OWN_FRAME.search(service.text())
     snap = check_exactly_once(bs, prefix, ends, adult)
     print(f"\ndurable broker + service kill -9 x2: {len(snap.records)} records accounted once; killed at committed "
           f"{figures}; the last start committed progress after {resumed:.1f} s; outputs re-sent by recoveries "
@@ -261,7 +263,7 @@ def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: P
         assert service.proc.returncode == EXIT_DATA_LOSS, text[-5000:]
         lines = [ln for ln in text.splitlines() if "lost data this service had committed or acknowledged" in ln]
         assert len(lines) == 1 and " ERROR " in lines[0] and f"exit code {EXIT_DATA_LOSS}" in lines[0], text[-5000:]
-        assert "Traceback" not in text, text[-5000:]
+        assert not OWN_FRAME.search(text), text[-5000:]
         # nothing was published on the emptied broker (its output topics, if a client recreated them, are empty)
         for role in ("anon", "suppressed", "dlq", "raw.ledger"):
             name = f"{prefix}.{role}"
@@ -278,3 +280,40 @@ def read_topic_if_exists(bs: str, topic: str) -> int:
         return 0
     return len(read_topic(bs, topic, info[1]))
 
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_broker_stalled_longer_than_the_producer_bound_recreates_the_producers(adult_path: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The broker frozen (SIGSTOP) while the service drains a backlog, with ``service.producer_recovery_seconds``
+    = 2, until the service declares its waiting producers stuck: they are declared stuck, closed and created anew
+    (an outage: not counted towards the exit bound), the partitions recover from the ledger once the broker
+    answers again; exactly once, k verified, the process never exits."""
+    prefix = f"brf{uuid.uuid4().hex[:6]}"
+    group, topic = f"{prefix}-main", f"{prefix}.raw"
+    adult, rows = adult_rows(adult_path, RECORDS)
+    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
+        bs = broker.bootstrap_servers
+        ends = preload(bs, topic, rows)
+        cmd = service_cmd(bs, prefix, group, ("--set", "service.producer_recovery_seconds=2"))
+        service = Service(cmd, tmp_path / "service.log")
+        wait_for("30% committed", lambda: committed_total(bs, group, topic) >= 0.3 * len(rows), service, 180)
+        mark = service.log.stat().st_size
+        with broker.frozen_for():
+            frozen = time.monotonic()
+            wait_for("the producers declared stuck and recreated",
+                     lambda: "closing the ledger and output producers" in service.text()[mark:], service, 60)
+        thawed = time.monotonic()
+        stuck_after = thawed - frozen
+        wait_for("the partitions recovered", lambda: "producers created anew" in service.text()[mark:], service, 120)
+        recovered = time.monotonic() - thawed
+        wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
+        assert stop(service) == 0, service.text()[-5000:]
+        text = service.text()
+        assert not OWN_FRAME.search(text), text[-5000:]
+        snap = check_exactly_once(bs, prefix, ends, adult)
+    print(f"\nbroker stalled, producer bound 2 s: declared stuck and recreated {stuck_after:.1f} s after the freeze; producers recreated {text.count('producers created anew')} "
+          f"time(s), partitions recovered {recovered:.1f} s after the broker answered again, outputs re-sent by "
+          f"recoveries {resent(text)}; {len(snap.records)} records accounted once")

@@ -29,6 +29,7 @@ from stream_anon.service import producer as producer_module
 from stream_anon.service.app import PRODUCER_RECREATIONS_MAX, MainPath
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, partition_ends, send_flush_markers
 from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import PartitionReader
 from stream_anon.service.metrics import ServiceMetrics
 
 K, N = 5, 3000
@@ -149,3 +150,25 @@ def test_a_producer_that_keeps_failing_ends_the_run_with_exit_code_1(
                                                   for c in snap.published.values()), snap.published
     print(f"\nkeeps failing: exit code 1 after {main.totals.producer_recreations} recreations, {elapsed:.1f} s "
           f"after the input was sent")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_the_recovery_readers_end_of_a_partition_is_fresh_on_every_call(broker: Any) -> None:
+    """kafka-python keeps a partition's state, with the highwater of its last fetch, when it is assigned again:
+    ``PartitionReader.bounds`` must not return that stale end (the broker data check and the recovery's presence
+    scan read the same partition again and again)."""
+    bs = broker.bootstrap_servers
+    topic = f"fresh{uuid.uuid4().hex[:6]}"
+    producer = KafkaProducer(bootstrap_servers=bs)
+    reader = PartitionReader(Config.load(env={}, overrides={"kafka.bootstrap_servers": bs}))
+    try:
+        for expected in (10, 20, 30):
+            for _ in range(10):
+                producer.send(topic, b"x", partition=0)
+            producer.flush()
+            assert reader.bounds(topic, 0) == (0, expected)
+            assert reader.read_forward(topic, 0, None, 100)[1] == expected
+    finally:
+        producer.close()
+        reader.close()

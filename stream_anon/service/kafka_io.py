@@ -180,10 +180,12 @@ class PartitionReader:
         self.consumer.beginning_offsets([TopicPartition(topic, partition)], timeout_ms=timeout_ms)
 
     def bounds(self, topic: str, partition: int, timeout_s: float = 30.0) -> tuple[int, int]:
-        """(first offset, end offset) of a partition (the end from a fetch's highwater: Tansu's
+        """(first offset, end offset) of a partition (the end from a fresh fetch's highwater: Tansu's
         ``end_offsets()`` is wrong)."""
         tp = TopicPartition(topic, partition)
         c = self.consumer
+        if tp in c.assignment():  # kafka-python keeps a partition's state (and its old highwater) on re-assignment
+            c.assign([])
         c.assign([tp])
         begin = int(c.beginning_offsets([tp])[tp] or 0)
         c.seek(tp, begin)
