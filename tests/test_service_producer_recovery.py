@@ -14,17 +14,20 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from kafka.errors import FencedInstanceIdError
 from producer_support import Fault, UnconfirmingTransport
 from prometheus_client import CollectorRegistry
 
 from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.service import app as app_module
 from stream_anon.service import producer as producer_module
 from stream_anon.service.app import PRODUCER_RECREATIONS_MAX, MainPath
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, partition_ends, send_flush_markers
@@ -172,3 +175,81 @@ def test_the_recovery_readers_end_of_a_partition_is_fresh_on_every_call(broker: 
     finally:
         producer.close()
         reader.close()
+
+
+class FailingPolls:
+    """A real group consumer whose ``poll`` raises ``FencedInstanceIdError`` while ``failing()`` is true."""
+
+    def __init__(self, inner: Any, failing: Callable[[], bool]) -> None:
+        self._inner = inner
+        self._failing = failing
+        self.failed = 0
+
+    def poll(self, *args: Any, **kwargs: Any) -> Any:
+        if self._failing():
+            self.failed += 1
+            raise FencedInstanceIdError("fenced (test)")
+        return self._inner.poll(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("for_good", [False, True], ids=["a-while", "for-good"])
+def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
+        broker: Any, adult_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        for_good: bool) -> None:
+    bs = broker.bootstrap_servers
+    prefix = f"rec{uuid.uuid4().hex[:6]}"
+    cfg = config(bs, prefix).with_options({"service.producer_recovery_seconds": 1.5})
+    t_fail = [float("inf")]
+    consumers: list[FailingPolls] = []
+    real = app_module.make_consumer
+
+    def make(c: Config, *, group_id: str | None) -> Any:
+        consumer = FailingPolls(real(c, group_id=group_id),
+                                lambda: time.monotonic() >= t_fail[0] and (for_good or time.monotonic() < t_fail[0] + 1.0))
+        consumers.append(consumer)
+        return consumer
+
+    monkeypatch.setattr(app_module, "make_consumer", make)
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    rc: list[int] = []
+    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
+    th.start()
+    assert main.ready.wait(30)
+    send_adult(adult_path, cfg.topics.input, bs, N)
+    deadline = time.monotonic() + 60
+    while main.totals.control < 2:  # drained once; then the polls fail
+        assert th.is_alive() and time.monotonic() < deadline, f"not drained: {main.totals} {rc}"
+        time.sleep(0.1)
+    t_fail[0] = time.monotonic()
+    if for_good:
+        th.join(60)
+        assert not th.is_alive() and rc == [1]
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"
+                  and r.name == "stream_anon.service.app"]
+        assert len(errors) == 1 and "polls failed for" in errors[0] and "exit code 1" in errors[0], errors
+        print(f"\nconsumer polls failing for good: exit code 1 {time.monotonic() - t_fail[0]:.1f} s after the first "
+              f"failure (bound 1.5 s)")
+    else:
+        while consumers[0].failed == 0 or time.monotonic() < t_fail[0] + 2.0:
+            assert th.is_alive(), f"the service stopped with {rc}"
+            time.sleep(0.1)
+        send_flush_markers_again(bs, cfg.topics.input)
+        deadline = time.monotonic() + 60
+        while main.totals.control < 4:  # it polls again: the new markers are consumed
+            assert th.is_alive() and time.monotonic() < deadline, f"no progress after the failures: {main.totals}"
+            time.sleep(0.1)
+        main.stop_event.set()
+        th.join(60)
+        assert rc == [0]
+    assert consumers[0].failed > 0
+
+
+def send_flush_markers_again(bs: str, topic: str) -> None:
+    producer = KafkaProducer(bootstrap_servers=bs)
+    send_flush_markers(producer, topic, [0, 1])
+    producer.close()
