@@ -23,12 +23,12 @@ Where errors surface (for whoever changes the loop): producer errors in :meth:`O
 recovery re-sends, revoke) and :meth:`OutputProducer.poll` (``ProducerFatalError`` only); worker failures in
 ``Backend.results`` (exit code 1).  A producer that cannot deliver (``ProducerFatalError``: a fatal client
 error, an acknowledgement without an offset, or nothing acknowledged for ``service.producer_recovery_seconds``)
-is closed and created anew and every owned partition recovers from the ledger (:meth:`MainPath._recreate_producers`);
-more than ``PRODUCER_RECREATIONS_MAX`` such failures while the broker answers, within
-``PRODUCER_FAILURE_WINDOW`` x ``service.producer_recovery_seconds``, end the run with exit code 1.  A broker
-that lost data (:mod:`stream_anon.service.broker_guard`, checked every ``BROKER_DATA_CHECK_SECONDS``, while a
-flush waits and when a partition is recovered) ends it with exit code 4, abandoning what the producers hold.  A record the consumer cannot read
-(``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
+is closed and created anew and every owned partition recovers from the ledger
+(:meth:`MainPath._recreate_producers`); more than ``PRODUCER_RECREATIONS_MAX`` such failures while the broker
+answers, within ``PRODUCER_FAILURE_WINDOW`` x ``service.producer_recovery_seconds``, end the run with exit code 1.
+A broker that lost data (:mod:`stream_anon.service.broker_guard`, checked every ``BROKER_DATA_CHECK_SECONDS``,
+while a flush waits and before a partition is recovered) ends it with exit code 4, abandoning what the producers
+hold.  A record the consumer cannot read (``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
 """
 
 from __future__ import annotations
@@ -331,8 +331,6 @@ class MainPath:
                     error = None
                 self._loop()
                 return
-            except MessageRejectedError:
-                raise
             except ProducerFatalError as e:
                 if self.stop_event.is_set():
                     raise
@@ -670,6 +668,7 @@ class MainPath:
         tp = TopicPartition(self.cfg.topics.input, partition)
         plan = self._plans.pop(partition, None)
         if plan is None:
+            self._check_data(force=True)  # a new partition may be the first sign of a recreated topic
             committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
                 tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
             self._check_committed(tp, committed)
