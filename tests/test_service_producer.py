@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from producer_support import MemoryTransport
+from producer_support import MemoryTransport, Refused
 
 from stream_anon.service.config import Config
 from stream_anon.service.kafka_io import BrokerUnavailableError, ProducerFatalError, ProducerStuckError
@@ -130,6 +130,29 @@ def test_a_producer_that_acknowledges_nothing_is_stuck_after_the_bound() -> None
     assert time.monotonic() - t0 >= 0.3
     assert watched  # the watchdog ran while the flush waited
     assert issubclass(ProducerStuckError, ProducerFatalError)
+
+
+class FailingAlways(MemoryTransport):
+    """Every delivery fails with a retriable error (re-sent again and again, never acknowledged)."""
+
+    attempts = 0
+
+    def submit(self, batch: OutgoingBatch) -> None:
+        self.attempts += 1
+        for i in range(len(batch)):
+            batch.errors[i] = Refused("not leader (test)")
+            batch.resolved += 1
+
+
+def test_deliveries_that_keep_failing_are_stuck_after_the_bound() -> None:
+    """A retriable failure is re-sent with backoff; re-sending does not restart the clock: still nothing
+    acknowledged after ``stuck_after_s`` ends the wait."""
+    client = FailingAlways()
+    producer = OutputProducer(FAST, transport_factory=lambda: client, stuck_after_s=0.5)
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    with pytest.raises(ProducerStuckError, match="1 message.* none acknowledged"):
+        producer.flush()
+    assert client.attempts >= 2  # sent, then re-sent at least once before giving up
 
 
 def test_the_watchdog_can_end_a_flush_that_waits() -> None:

@@ -588,8 +588,8 @@ class OutputProducer:
                 time.sleep(d)
                 failed, self._failed = self._failed, []
                 for b, idx in failed:
+                    self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)
                     self._pending -= len(idx)
-                    self._submit(b.subset(idx))
         if stalled:
             log.warning("broker %s acknowledged the held %s messages after %.0f s: resuming", cfg.bootstrap_servers,
                         self.label, time.monotonic() - t0)
