@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,17 @@ def service_cmd(bs: str, prefix: str, group: str, extra: tuple[str, ...] = ()) -
 
 
 class Service:
-    """``stream-anon run`` as a subprocess, its output captured to a file."""
+    """``stream-anon run`` as a subprocess, its output captured to a file; every one still running at the end of
+    its test is killed (fixture ``kill_leftover_services``)."""
+
+    running: list[Service] = []
 
     def __init__(self, cmd: list[str], log: Path) -> None:
         self.log = log
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                                      env=child_env())
+        Service.running.append(self)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -74,6 +78,16 @@ class Service:
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_services() -> Iterator[None]:
+    yield
+    while Service.running:
+        s = Service.running.pop()
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(timeout=30)
 
 
 def wait_for(what: str, cond: Callable[[], bool], service: Service | None, timeout_s: float) -> float:
@@ -246,14 +260,17 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: Path, tmp_path: Path,
+                                                                  client: str) -> None:
     prefix = f"brm{uuid.uuid4().hex[:6]}"
     group, topic = f"{prefix}-main", f"{prefix}.raw"
     _adult, rows = adult_rows(adult_path, 3000)
     with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
         bs = broker.bootstrap_servers
         replay_records(rows, topic, bs, partitions=PARTITIONS)  # no end marker: some records stay buffered
-        service = Service(service_cmd(bs, prefix, group), tmp_path / "service.log")
+        service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}")),
+                          tmp_path / "service.log")
         wait_for("records committed", lambda: committed_total(bs, group, topic) >= 1000, service, 120)
         broker.restart()
         t0 = time.monotonic()
@@ -271,7 +288,7 @@ def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: P
             name = f"{prefix}.{role}"
             admin_view = read_topic_if_exists(bs, name)
             assert admin_view == 0, f"{admin_view} message(s) published on {name} after the data loss"
-    print(f"\nmemory broker restart: the service exited {EXIT_DATA_LOSS} {detected:.1f} s after the restart: "
+    print(f"\nmemory broker restart ({client} producer): the service exited {EXIT_DATA_LOSS} {detected:.1f} s after the restart: "
           f"{lines[0].split(' ERROR ')[-1][:300]}")
 
 

@@ -14,7 +14,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,17 @@ from stream_anon.service.kafka_io import PartitionReader
 from stream_anon.service.metrics import ServiceMetrics
 
 K, N = 5, 3000
+
+
+STARTED: list[MainPath] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_leftover_services() -> Iterator[None]:
+    """A test that fails leaves no service thread running (they share the session's broker)."""
+    yield
+    while STARTED:
+        STARTED.pop().stop_event.set()
 
 
 def config(bs: str, prefix: str) -> Config:
@@ -89,6 +100,7 @@ def test_deliveries_acknowledged_without_an_offset_recreate_the_producers_exactl
     fault = Fault(cfg.topics.anon if target == "anon" else cfg.topics.ledger_topic(), nth=5)
     made = patch_clients(monkeypatch, fault)
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    STARTED.append(main)
     rc: list[int] = []
     th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
     th.start()
@@ -133,6 +145,7 @@ def test_a_producer_that_keeps_failing_ends_the_run_with_exit_code_1(
     fault = Fault(cfg.topics.anon, nth=1, times=1000)  # every batch of classes, every client
     patch_clients(monkeypatch, fault)
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    STARTED.append(main)
     rc: list[int] = []
     th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
     th.start()
@@ -216,6 +229,7 @@ def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
 
     monkeypatch.setattr(app_module, "make_consumer", make)
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    STARTED.append(main)
     rc: list[int] = []
     th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
     th.start()
