@@ -5,14 +5,15 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from producer_support import MemoryTransport
+from producer_support import MemoryTransport, Refused
 
 from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import BrokerUnavailableError, ProducerFatalError
+from stream_anon.service.kafka_io import BrokerUnavailableError, ProducerFatalError, ProducerStuckError
 from stream_anon.service.pipeline import OutputMessage
 from stream_anon.service.producer import (
     PRODUCER_CLIENTS,
@@ -20,6 +21,7 @@ from stream_anon.service.producer import (
     KafkaPythonTransport,
     OutgoingBatch,
     OutputProducer,
+    UnconfirmedDelivery,
     librdkafka_config,
     open_producer,
 )
@@ -85,6 +87,85 @@ def test_stopping_while_the_broker_does_not_answer_gives_up_waiting() -> None:
         producer.flush()
     assert time.monotonic() - t0 < 30
     assert producer.pending == 1
+
+
+def test_an_acknowledgement_without_an_offset_is_not_an_acknowledgement() -> None:
+    """Tansu's DUPLICATE_SEQUENCE_NUMBER answer after a restart: "acknowledged" with offset -1, maybe not stored.
+    Never counted as delivered, never re-sent through the same client (it could be a true duplicate): fatal."""
+    memory = MemoryTransport(unconfirmed={b"v1"})
+    producer = OutputProducer(FAST, transport_factory=lambda: memory)
+    receipt = producer.send([OutputMessage("anon", "adult.anon", 0, b"k", b"v%d" % i, ()) for i in range(3)])
+    with pytest.raises(ProducerFatalError, match="1 message.* acknowledged without an offset"):
+        producer.flush()
+    assert not receipt.acknowledged
+    assert [m.value for m in memory.sent] == [b"v0", b"v1", b"v2"]  # not re-sent
+    with pytest.raises(ValueError, match="not acknowledged"):
+        receipt.deliveries()
+
+
+def test_kafka_python_offset_minus_one_becomes_an_unconfirmed_delivery() -> None:
+    """kafka-python reports a DUPLICATE_SEQUENCE_NUMBER answer as a succeeded future with offset -1."""
+    transport = KafkaPythonTransport.__new__(KafkaPythonTransport)  # no client: only ``collect`` is exercised
+
+    def future(offset: int) -> SimpleNamespace:
+        return SimpleNamespace(is_done=True, succeeded=lambda: True, value=SimpleNamespace(offset=offset))
+
+    batch = OutgoingBatch("adult.anon", 0, [b"a", b"b"], [b"1", b"2"])
+    batch.handles = [future(7), future(-1)]
+    transport.collect(batch)
+    assert batch.settled and batch.offsets == [7, -1]
+    assert isinstance(batch.errors[1], UnconfirmedDelivery) and 0 not in batch.errors
+
+
+def test_a_producer_that_acknowledges_nothing_is_stuck_after_the_bound() -> None:
+    """``stuck_after_s``: messages waiting with none acknowledged for that long end the wait with
+    ``ProducerStuckError`` (a ``ProducerFatalError``: the caller creates the producer anew)."""
+    watched: list[float] = []
+    producer = OutputProducer(FAST, transport_factory=Holding, stuck_after_s=0.3,
+                              watchdog=lambda: watched.append(time.monotonic()))
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    t0 = time.monotonic()
+    with pytest.raises(ProducerStuckError, match=r"1 message\(s\) waiting, none acknowledged"):
+        producer.flush()
+    assert time.monotonic() - t0 >= 0.3
+    assert watched  # the watchdog ran while the flush waited
+    assert issubclass(ProducerStuckError, ProducerFatalError)
+
+
+class FailingAlways(MemoryTransport):
+    """Every delivery fails with a retriable error (re-sent again and again, never acknowledged)."""
+
+    attempts = 0
+
+    def submit(self, batch: OutgoingBatch) -> None:
+        self.attempts += 1
+        for i in range(len(batch)):
+            batch.errors[i] = Refused("not leader (test)")
+            batch.resolved += 1
+
+
+def test_deliveries_that_keep_failing_are_stuck_after_the_bound() -> None:
+    """A retriable failure is re-sent with backoff; re-sending does not restart the clock: still nothing
+    acknowledged after ``stuck_after_s`` ends the wait."""
+    client = FailingAlways()
+    producer = OutputProducer(FAST, transport_factory=lambda: client, stuck_after_s=0.5)
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    with pytest.raises(ProducerStuckError, match="1 message.* none acknowledged"):
+        producer.flush()
+    assert client.attempts >= 2  # sent, then re-sent at least once before giving up
+
+
+def test_the_watchdog_can_end_a_flush_that_waits() -> None:
+    class Lost(RuntimeError):
+        pass
+
+    def watchdog() -> None:
+        raise Lost("the broker lost its data")
+
+    producer = OutputProducer(FAST, transport_factory=Holding, watchdog=watchdog)
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    with pytest.raises(Lost):
+        producer.flush()
 
 
 def test_librdkafka_options_carry_the_security_settings() -> None:

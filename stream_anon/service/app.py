@@ -21,8 +21,14 @@ revoked partitions' watermarks, drop their state (the new owner recovers from th
 
 Where errors surface (for whoever changes the loop): producer errors in :meth:`OutputProducer.flush` (steps 3-4,
 recovery re-sends, revoke) and :meth:`OutputProducer.poll` (``ProducerFatalError`` only); worker failures in
-``Backend.results``; both end :meth:`MainPath.run` with exit code 1.  A record the consumer cannot read
-(``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
+``Backend.results`` (exit code 1).  A producer that cannot deliver (``ProducerFatalError``: a fatal client
+error, an acknowledgement without an offset, or nothing acknowledged for ``service.producer_recovery_seconds``)
+is closed and created anew and every owned partition recovers from the ledger
+(:meth:`MainPath._recreate_producers`); more than ``PRODUCER_RECREATIONS_MAX`` such failures while the broker
+answers, within ``PRODUCER_FAILURE_WINDOW`` x ``service.producer_recovery_seconds``, end the run with exit code 1.
+A broker that lost data (:mod:`stream_anon.service.broker_guard`, checked every ``BROKER_DATA_CHECK_SECONDS``,
+while a flush waits and before a partition is recovered) ends it with exit code 4, abandoning what the producers
+hold.  A record the consumer cannot read (``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from prometheus_client import CollectorRegistry
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError, BrokerGuard
 from stream_anon.service.config import Config
 from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
@@ -104,6 +111,18 @@ LOOP_REQUEST_TIMEOUT_MS = 5000
 most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
 LEDGER_WAIT_SECONDS = 0.05
 """When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
+BROKER_DATA_CHECK_SECONDS = 5.0
+"""How often the loop (and a waiting flush) asks whether the broker lost data (:mod:`~stream_anon.service.broker_guard`):
+one metadata request, plus one fetch per owned ledger partition."""
+PRODUCER_RECREATIONS_MAX = 3
+"""Producer failures (while the broker answers) tolerated within the window below; one more: exit code 1."""
+PRODUCER_FAILURE_WINDOW = 3.0
+"""The window, in multiples of ``service.producer_recovery_seconds`` (at least 60 s)."""
+
+
+class ConsumerFailedError(RuntimeError):
+    """The group consumer's polls kept failing (e.g. fenced) for ``service.producer_recovery_seconds`` while the
+    broker answered: ``run`` exits 1 so that a supervisor starts a fresh member."""
 
 
 class LedgerConflictError(RuntimeError):
@@ -127,6 +146,7 @@ class MainPathTotals:
     resent: int = 0  # outputs re-sent by recoveries
     gate_refusals: int = 0  # classes the pre-publish gate refused
     internal_errors: int = 0
+    producer_recreations: int = 0  # producers closed and created anew (each followed by a recovery of every partition)
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     suppressed_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -233,6 +253,12 @@ class MainPath:
         self._ledger: OutputProducer | None = None
         self._consumer: KafkaConsumer | None = None
         self._reader: PartitionReader | None = None
+        self._guard: BrokerGuard | None = None
+        self._counts: dict[str, int] = {}
+        self._data_check_at = time.monotonic() + BROKER_DATA_CHECK_SECONDS
+        self._deferred: BaseException | None = None  # raised in the rebalance listener: re-raised after the poll
+        self._abandon = False  # data loss: close the producers without delivering what they hold
+        self._poll_failing_since: float | None = None
         self._backend: Backend | None = None
         self._broker_check_at = time.monotonic() + BROKER_CHECK_SECONDS
         self._outage_since: float | None = None  # during an outage: monotonic time of the last answer
@@ -245,7 +271,6 @@ class MainPath:
     def run(self) -> int:
         cfg = self.cfg
         stop = self.stop_event.is_set
-        give_up = self._stop_clock.give_up  # producers: a flush on the stop path waits for the grace, not forever
         for line in cfg.release_options().startup_warnings(secret_generated=self.secret_generated):
             log.warning("%s", line)
         try:
@@ -256,12 +281,10 @@ class MainPath:
                 log.error("topics.ledger: topic %s does not exist and topics.create is false: create it (compacted, "
                           "with the input's partition count; deploy/kafka/create-topics.sh)", self.ledger_topic)
                 return 2
-            on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
-            self._producer = open_producer(cfg, partition_counts=counts, stop=give_up, on_error=on_error)
-            # the ledger's messages are few and small, and step 2 waits for them: no linger
-            ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
-            self._ledger = open_producer(ledger_cfg, partition_counts=counts, stop=give_up, on_error=on_error,
-                                         label="ledger")
+            self._counts = counts
+            self._guard = BrokerGuard(cfg, [cfg.topics.input, self.ledger_topic, *self._role_topic.values()])
+            retry("topic metadata", self._guard.start, cfg, stop=stop)
+            self._open_producers()
             self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
             reader_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(
                 cfg.kafka, request_timeout_ms=min(cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
@@ -283,9 +306,15 @@ class MainPath:
         self.ready.set()
         rc = 0
         try:
-            self._loop()
-        except (WorkerError, ProducerFatalError, MessageRejectedError) as e:
-            log.error("%s; stopping (a restart recovers from the ledger)", e)
+            self._run_recovering()
+        except BrokerDataLossError as e:
+            log.error("broker %s lost data this service had committed or acknowledged: %s; stopping without publishing "
+                      "over it (exit code %d; docs/service.md, \"A broker that lost its data\")",
+                      cfg.kafka.bootstrap_servers, e, EXIT_DATA_LOSS)
+            self._abandon = True
+            rc = EXIT_DATA_LOSS
+        except (WorkerError, ProducerFatalError, MessageRejectedError, ConsumerFailedError) as e:
+            log.error("%s; stopping with exit code 1 (a restart recovers from the ledger)", e)
             rc = 1
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
@@ -297,6 +326,45 @@ class MainPath:
             if not self._shutdown(clean=rc == 0) and rc == 0:
                 rc = 3
         return rc
+
+    def _open_producers(self) -> None:
+        """The output producer and the ledger producer (the ledger's messages are few and small, and step 2 waits
+        for them: no linger)."""
+        cfg = self.cfg
+        # a flush on the stop path waits for the stop grace, not forever (lifecycle.StopClock)
+        on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
+        opts: dict[str, Any] = dict(partition_counts=self._counts, stop=self._stop_clock.give_up, on_error=on_error,
+                                    stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=self._check_data)
+        self._producer = open_producer(cfg, **opts)
+        ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
+        self._ledger = open_producer(ledger_cfg, label="ledger", **opts)
+
+    def _run_recovering(self) -> None:
+        """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger
+        (:meth:`_recreate_producers`), up to ``PRODUCER_RECREATIONS_MAX`` failures within the window while the
+        broker answers (an outage never counts: then the recovery waits for the broker)."""
+        window = max(60.0, PRODUCER_FAILURE_WINDOW * self.cfg.service.producer_recovery_seconds)
+        failures: deque[float] = deque()
+        error: ProducerFatalError | None = None
+        while True:
+            try:
+                if error is not None:
+                    self._recreate_producers(error)
+                    error = None
+                self._loop()
+                return
+            except ProducerFatalError as e:
+                if self.stop_event.is_set():
+                    raise
+                now = time.monotonic()
+                while failures and now - failures[0] > window:
+                    failures.popleft()
+                if self._check_data(force=True):  # the broker answers (and kept its data): a client failure
+                    failures.append(now)
+                if len(failures) > PRODUCER_RECREATIONS_MAX:
+                    raise ProducerFatalError(f"{e}; {len(failures)} producer failures within {window:.0f} s: "
+                                             f"creating the producers anew did not help") from e
+                error = e
 
     def _loop(self) -> None:
         cfg = self.cfg
@@ -329,6 +397,7 @@ class MainPath:
                 last_commit = time.monotonic()
             if time.monotonic() >= self._broker_check_at:
                 self._check_broker()
+            self._check_data()
 
     def _poll(self) -> dict[TopicPartition, list[Any]]:
         """One consumer poll (no wait while outputs wait for ledger acknowledgements); a record the client cannot
@@ -337,10 +406,33 @@ class MainPath:
         assert consumer is not None
         timeout = 0 if self._unsent else self.cfg.service.poll_timeout_ms
         try:
-            return consumer.poll(timeout_ms=timeout, max_records=self.cfg.kafka.max_poll_records)
+            batch = consumer.poll(timeout_ms=timeout, max_records=self.cfg.kafka.max_poll_records)
         except CorruptRecordError as e:
             self._skip_unreadable(e)
             return {}
+        except KafkaError as e:  # e.g. fenced, a failed join: the next poll rejoins the group
+            self._poll_failed(e)
+            return {}
+        finally:
+            deferred, self._deferred = self._deferred, None
+            if deferred is not None:  # the rebalance listener failed (kafka-python only logs what it raises)
+                raise deferred
+        self._poll_failing_since = None
+        return batch
+
+    def _poll_failed(self, error: KafkaError) -> None:
+        """A poll raised: log it; if polls keep failing for ``service.producer_recovery_seconds`` while the broker
+        answers, :class:`ConsumerFailedError` (exit 1: a supervisor starts a fresh member)."""
+        now = time.monotonic()
+        if self._poll_failing_since is None:
+            self._poll_failing_since = now
+        failing = now - self._poll_failing_since
+        log.warning("consumer poll failed (%r) for %.0f s; polling again (the consumer rejoins its group)", error,
+                    failing)
+        if failing > self.cfg.service.producer_recovery_seconds and self._check_data(force=True):
+            raise ConsumerFailedError(f"the group consumer's polls failed for {failing:.0f} s while the broker "
+                                      f"answered (last: {error!r})")
+        time.sleep(min(1.0, self.cfg.service.poll_timeout_ms / 1000.0))
 
     def _skip_unreadable(self, error: CorruptRecordError) -> None:
         """kafka-python raised ``CorruptRecordError`` (e.g. for a header key that is not UTF-8) without naming the
@@ -394,6 +486,96 @@ class MainPath:
             self._broker_check_at = time.monotonic() + delay
             return
         self._broker_answered()
+
+    # ------------------------------------------------------------------ a broker that lost its data; producer recreation
+    def _check_data(self, *, force: bool = False) -> bool:
+        """Every ``BROKER_DATA_CHECK_SECONDS`` (or now, with ``force``): did the broker lose data?  Topic ids and
+        partition counts against the start, the input highwaters (of the last fetch) against the committed
+        offsets, the owned ledger partitions' ends against the ledger messages acknowledged.  Raises
+        :class:`BrokerDataLossError`; returns False when the broker did not answer (nothing checked)."""
+        now = time.monotonic()
+        guard, consumer, reader = self._guard, self._consumer, self._reader
+        if (not force and now < self._data_check_at) or guard is None or self.stop_event.is_set():
+            return True
+        self._data_check_at = now + BROKER_DATA_CHECK_SECONDS
+        if not guard.check_topics():
+            return False
+        problems = []
+        if consumer is not None:
+            for tp in consumer.assignment():
+                problem = guard.floors.check(tp.topic, tp.partition, consumer.highwater(tp))
+                if problem:
+                    problems.append(problem)
+        if reader is not None and self._ledger is not None:
+            for p in sorted(self.states):
+                lp = self._ledger.partition_for(self.ledger_topic, p)
+                try:
+                    end = reader.bounds(self.ledger_topic, lp, timeout_s=5.0)[1]
+                except (KafkaError, OSError) as e:
+                    log.debug("broker data check: end of %s[%d] unknown: %r", self.ledger_topic, lp, e)
+                    return False
+                problem = guard.floors.check(self.ledger_topic, lp, end)
+                if problem:
+                    problems.append(problem)
+        if problems:
+            raise BrokerDataLossError("; ".join(problems))
+        return True
+
+    def _note_ledger(self, receipt: Receipt) -> None:
+        """The ledger partitions hold at least the acknowledged messages of ``receipt`` (floors of the check)."""
+        if self._guard is not None:
+            for d in receipt.deliveries():
+                self._guard.floors.raise_to(d.topic, d.partition, d.offset + 1, "had acknowledged")
+
+    def _recreate_producers(self, error: BaseException) -> None:
+        """A producer cannot deliver: abandon both producers and what they hold, create new ones, and recover
+        every owned partition from the ledger now (the outputs it promised and that are missing are re-sent byte
+        for byte, records without an acknowledged entry are consumed and processed again)."""
+        consumer, backend = self._consumer, self._backend
+        assert consumer is not None and backend is not None and self._reader is not None
+        t0 = time.monotonic()
+        owned = sorted(self.states)
+        log.warning("%s: closing the ledger and output producers and creating new ones; partitions %s recover from "
+                    "the ledger", error, owned)
+        backend.results(wait_all=True)  # abandoned: their records are consumed again
+        backend.drop(owned)
+        for p in owned:
+            self.states.pop(p, None)
+            self.outboxes.pop(p, None)
+        self._unsent.clear()
+        self._sent.clear()
+        self._dirty.clear()
+        self._plans.clear()
+        self._seeked.clear()
+        self.committed.clear()
+        for producer in (self._producer, self._ledger):
+            if producer is not None:
+                producer.close(timeout_s=0.0)
+        self._open_producers()
+        self.totals.producer_recreations += 1
+        topic = self.cfg.topics.input
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == topic}
+        for p in owned:
+            if p not in assigned:
+                continue
+            self._recover_now(p)
+        log.warning("producers created anew and partitions %s recovered from the ledger in %.2f s", sorted(self.states),
+                    time.monotonic() - t0)
+
+    def _recover_now(self, partition: int) -> None:
+        """Recover an assigned partition without waiting for its records: plan, seek the consumer to its start."""
+        consumer, reader = self._consumer, self._reader
+        assert consumer is not None and reader is not None
+        topic = self.cfg.topics.input
+        tp = TopicPartition(topic, partition)
+        committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
+            tp, timeout_ms=self.cfg.kafka.request_timeout_ms))
+        plan = self._scan_ledger(partition, committed)
+        start = plan.start_offset
+        if start is None:
+            start = self._retry_mid_run(f"partition {partition}: first offset", lambda: reader.bounds(topic, partition)[0])
+        consumer.seek(tp, start)
+        self._recover(partition, plan, start)
 
     def _retry_mid_run(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
@@ -509,8 +691,10 @@ class MainPath:
         tp = TopicPartition(self.cfg.topics.input, partition)
         plan = self._plans.pop(partition, None)
         if plan is None:
+            self._check_data(force=True)  # a new partition may be the first sign of a recreated topic
             committed = self._retry_mid_run(f"partition {partition}: committed offset", lambda: consumer.committed(
                 tp, timeout_ms=min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
+            self._check_committed(tp, committed)
             plan = self._scan_ledger(partition, committed)
         target = plan.start_offset if plan.start_offset is not None else first_offset
         if first_offset > target and self._seeked.get(partition) != target:
@@ -523,6 +707,22 @@ class MainPath:
         start = max(first_offset, target)
         self._recover(partition, plan, start)
         return start
+
+    def _check_committed(self, tp: TopicPartition, committed: int | None) -> None:
+        """A partition's recovery: its committed offset must not be gone (when this process saw one) nor lie above
+        the partition's highwater (of the fetch that brought its first records)."""
+        guard, consumer = self._guard, self._consumer
+        if guard is None or consumer is None:
+            return
+        floor = guard.floors.floor(tp.topic, tp.partition)
+        if committed is None and floor:
+            raise BrokerDataLossError(f"the committed offset of group {self.cfg.kafka.group_id!r} for "
+                                      f"{tp.topic}[{tp.partition}] is gone (it was at least {floor})")
+        if committed is not None:
+            guard.floors.raise_to(tp.topic, tp.partition, committed, "found committed")
+        problem = guard.floors.check(tp.topic, tp.partition, consumer.highwater(tp))
+        if problem:
+            raise BrokerDataLossError(problem)
 
     def _scan_ledger(self, partition: int, committed: int | None) -> RecoveryPlan:
         """Recovery steps a-c: the backward scan of the partition's ledger partition."""
@@ -582,8 +782,9 @@ class MainPath:
                 self.metrics.outputs_resent.labels(topic=d.topic).inc()
             self.totals.resent += len(resend)
         ck = box.checkpoint(start, plan.horizon)
-        self._ledger.send([OutputMessage("ledger", self.ledger_topic, partition, ck.key, ck.encode())])
+        ck_receipt = self._ledger.send([OutputMessage("ledger", self.ledger_topic, partition, ck.key, ck.encode())])
         self._ledger.flush()
+        self._note_ledger(ck_receipt)
         horizon = max(plan.horizon, start - 1)
         self._backend.create(CreatePartition(partition, start, tuple(sorted(plan.accounted)), horizon, incarnation))
         self.states[partition] = PartitionStatus(partition, watermark=start, next_offset=start, horizon=horizon)
@@ -665,9 +866,10 @@ class MainPath:
             if self.committed.get(p) != st.watermark:
                 offsets[TopicPartition(topic, p)] = OffsetAndMetadata(st.watermark, None, -1)
         if checkpoints:
-            self._ledger.send(checkpoints)
+            receipt = self._ledger.send(checkpoints)
             if self._ledger.flush():
                 self._broker_answered()
+            self._note_ledger(receipt)
         return offsets
 
     def _commit(self, *, sync: bool = False) -> None:
@@ -694,6 +896,8 @@ class MainPath:
             return
         for tp, om in offsets.items():
             self.committed[tp.partition] = om.offset
+            if self._guard is not None:  # a watermark never exceeds what was consumed: the input had that many
+                self._guard.floors.raise_to(tp.topic, tp.partition, om.offset, "committed")
             self.metrics.commit_watermark.labels(topic=tp.topic, partition=str(tp.partition)).set(om.offset)
 
     def _commit_done(self, offsets: dict[TopicPartition, OffsetAndMetadata], response: object) -> None:
@@ -723,7 +927,28 @@ class MainPath:
 
     def on_revoked(self, partitions: list[int]) -> None:
         """Rebalance: finish in-flight batches, steps 1-4, commit what is safe for the revoked partitions (async:
-        no blocking consumer call), drop their state."""
+        no blocking consumer call), drop their state.  What this raises is kept and re-raised after the poll
+        (kafka-python only logs what a listener raises); the partitions' state is dropped either way."""
+        try:
+            self._revoke(partitions)
+        except Exception as e:  # re-raised by _poll: ends the loop (recovery or exit) like any other error
+            log.warning("partitions %s revoked while %r: their state is dropped without a commit (the next owner "
+                        "recovers them from the ledger)", partitions, e)
+            self._deferred = e
+            self._drop(partitions)
+
+    def _drop(self, partitions: list[int]) -> None:
+        owned = [p for p in partitions if p in self.states]
+        if self._backend is not None:
+            self._backend.drop(owned)
+        for p in owned:
+            self._seeked.pop(p, None)
+            self.states.pop(p)
+            self.outboxes.pop(p, None)
+            self._dirty.discard(p)
+            self.committed.pop(p, None)
+
+    def _revoke(self, partitions: list[int]) -> None:
         owned = [p for p in partitions if p in self.states]
         for p in partitions:
             self._plans.pop(p, None)
@@ -777,7 +1002,10 @@ class MainPath:
             log.debug("close failed: %r", e)
         for producer in (self._producer, self._ledger):
             if producer is not None:
-                producer.close(timeout_s=close_s if ok and clean else 0.0)
+                # never publish over a broker that lost data; a stalled or failed broker gets no more wait
+                producer.close(timeout_s=0.0 if self._abandon or not (ok and clean) else close_s)
+        if self._guard is not None:
+            self._guard.close()
         if self._backend is not None:
             self._backend.close()
         t = self.totals

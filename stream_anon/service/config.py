@@ -179,6 +179,7 @@ class ServiceSettings:
     poll_timeout_ms: int = 200
     idle_flush_seconds: float = 0.0  # >0: flush a partition's engine after this long without input (0 = never)
     readback_chunk: int = 2000  # output messages read per step when recovering a partition
+    producer_recovery_seconds: float = 60.0  # nothing acknowledged this long while messages wait: recreate the producer
     metrics_port: int = 9108  # 0 = no metrics endpoint
     metrics_addr: str = "127.0.0.1"
     side_paths_mode: str = "process"  # process | thread | off: how run/demo start the side paths (own group)
@@ -259,6 +260,8 @@ class Config:
             ("service.max_message_bytes", s.max_message_bytes > 0, "a positive integer", s.max_message_bytes),
             ("service.workers", s.workers >= 0, "an integer >= 0 (0 = inline)", s.workers),
             ("service.commit_interval_ms", s.commit_interval_ms >= 0, "an integer >= 0", s.commit_interval_ms),
+            ("service.producer_recovery_seconds", s.producer_recovery_seconds > 0, "a number of seconds > 0",
+             s.producer_recovery_seconds),
             ("service.metrics_port", 0 <= s.metrics_port <= 65535, "0 (off) or a port 1-65535", s.metrics_port),
             ("service.side_metrics_port", 0 <= s.side_metrics_port <= 65535, "0 (off) or a port 1-65535",
              s.side_metrics_port),

@@ -9,7 +9,16 @@ While the broker does not answer, ``flush`` keeps waiting for the messages in fl
 re-sending one that is still in flight could duplicate it) and logs one line per ``kafka.request_timeout_ms``.
 One error type per failure (:mod:`stream_anon.service.kafka_io`): :class:`BrokerUnavailableError` (stopped while
 messages were unacknowledged), :class:`ProducerFatalError` (the client cannot go on: close it and
-:meth:`~OutputProducer.reopen`), :class:`MessageRejectedError` (re-sending cannot succeed).
+:meth:`~OutputProducer.reopen`; also raised for an acknowledgement without an offset, :class:`UnconfirmedDelivery`),
+:class:`ProducerStuckError` (a subclass: with ``stuck_after_s``, nothing acknowledged for that long although
+messages wait; the client may never recover by itself), :class:`MessageRejectedError` (re-sending cannot succeed).
+
+**Acknowledged without an offset.**  On Tansu's durable storage an idempotent producer that spans a broker
+``kill -9`` can be answered ``DUPLICATE_SEQUENCE_NUMBER`` for records that were never stored; both clients count
+that as a success with offset -1 (docs/tansu.md).  Such a delivery is *not* acknowledged here: it is an
+:class:`UnconfirmedDelivery` failure, and since re-sending it through the same client could publish it twice (the
+offset -1 may also be a true duplicate), :meth:`~OutputProducer.flush` raises :class:`ProducerFatalError`: the
+caller recreates the producer and re-sends from its own state what is missing (the main path: from the ledger).
 
 Every send returns a :class:`Receipt`: once acknowledged, each message's topic, partition and offset
 (:class:`Delivery`).  :meth:`~OutputProducer.poll` learns acknowledgements without blocking (the main path's
@@ -37,6 +46,7 @@ from stream_anon.service.kafka_io import (
     BrokerUnavailableError,
     MessageRejectedError,
     ProducerFatalError,
+    ProducerStuckError,
     backoff_delays,
     client_options,
     retry,
@@ -51,7 +61,13 @@ Outcome = Literal["retry", "fatal", "rejected"]
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 FLUSH_SLICE_SECONDS = 1.0
-""":meth:`OutputProducer.flush` waits in slices of at most this long, looking at its ``stop`` after each."""
+""":meth:`OutputProducer.flush` waits in slices of at most this long: after each it looks at its ``stop``, checks
+``stuck_after_s`` and calls ``watchdog``."""
+
+
+class UnconfirmedDelivery(Exception):
+    """The broker acknowledged a message without an offset (-1): it may not be stored (see the module
+    docstring)."""
 
 
 @dataclass(frozen=True)
@@ -215,10 +231,11 @@ class ConfluentTransport:
             i = batch.resolved
             batch.resolved = i + 1
             offset = msg.offset()
-            if err is None and offset is not None:
+            if err is None and offset is not None and offset >= 0:
                 offsets[i] = offset
             else:
-                errors[i] = err or confluent_kafka.KafkaError(confluent_kafka.KafkaError._FAIL, "no offset")
+                errors[i] = err or UnconfirmedDelivery(f"{msg.topic()}[{msg.partition()}]: acknowledged with offset "
+                                                       f"{offset}")
 
         produce, topic, partition = self.producer.produce, batch.topic, batch.partition
         keys, values, n = batch.keys, batch.values, len(batch.values)
@@ -357,8 +374,11 @@ class KafkaPythonTransport:
                 resolved += 1
             elif f.is_done:
                 resolved += 1
-                if f.succeeded():
+                if f.succeeded() and f.value.offset >= 0:
                     offsets[i] = f.value.offset
+                elif f.succeeded():
+                    errors[i] = UnconfirmedDelivery(f"{batch.topic}[{batch.partition}]: acknowledged with offset "
+                                                    f"{f.value.offset}")
                 else:
                     errors[i] = f.exception
         batch.resolved = resolved
@@ -392,12 +412,20 @@ class OutputProducer:
         on_error: called with the topic of every batch whose delivery failed (then re-sent).
         stop: when it returns true, :meth:`flush` gives up waiting (:class:`BrokerUnavailableError`).
         label: what the log lines call the messages (``output``, ``side``).
+        stuck_after_s: when set, :meth:`flush` raises :class:`ProducerStuckError` once messages have waited this
+            long without any acknowledgement (None: wait as long as the broker takes).
+        watchdog: called at least every ``FLUSH_SLICE_SECONDS`` while :meth:`flush` waits; may raise to end the wait
+            (the main path checks there whether the broker lost its data).
     """
 
     def __init__(self, cfg: Config, *, transport_factory: Callable[[], Transport] | None = None,
                  partition_counts: dict[str, int] | None = None, on_error: Callable[[str], None] | None = None,
-                 stop: Callable[[], bool] | None = None, label: str = "output") -> None:
+                 stop: Callable[[], bool] | None = None, label: str = "output", stuck_after_s: float | None = None,
+                 watchdog: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
+        self.stuck_after_s = stuck_after_s
+        self.watchdog = watchdog
+        self._waiting_since = time.monotonic()  # since when messages wait without any acknowledgement
         self._factory = transport_factory or (lambda: make_transport(cfg))
         self.transport = self._factory()
         self.partition_counts = dict(partition_counts or {})
@@ -449,6 +477,8 @@ class OutputProducer:
         return Receipt([(b, range(len(values)))])
 
     def _submit(self, batch: OutgoingBatch) -> None:
+        if not self._pending:
+            self._waiting_since = time.monotonic()
         self._seq += 1
         batch.seq = self._seq
         self.transport.submit(batch)
@@ -499,7 +529,19 @@ class OutputProducer:
                     self._open = waiting + self._open[i + 1:]  # what is left stays with the producer (reopen)
                     raise
         self._open = waiting
+        if acked:
+            self._waiting_since = time.monotonic()
         return acked
+
+    def _check_stuck(self) -> None:
+        """:class:`ProducerStuckError` if messages waited ``stuck_after_s`` without any acknowledgement."""
+        if self.stuck_after_s is None or not self._pending:
+            return
+        waited = time.monotonic() - self._waiting_since
+        if waited > self.stuck_after_s:
+            raise ProducerStuckError(f"{self.label} producer: {self._pending} message(s) waiting, none acknowledged "
+                                     f"for {waited:.0f} s (service.producer_recovery_seconds = "
+                                     f"{self.stuck_after_s:g}); it must be closed and created anew")
 
     def flush(self) -> int:
         """Block until every message sent so far is acknowledged; returns how many were.  See the module
@@ -507,7 +549,8 @@ class OutputProducer:
         cfg = self.cfg.kafka
         delays = backoff_delays(cfg.retry_backoff_max_seconds)
         wait_s = max(1.0, cfg.request_timeout_ms / 1000.0)
-        t0 = last_warning = time.monotonic()
+        t0 = time.monotonic()
+        next_log = t0 + wait_s
         stalled = False
         acked = 0
         unchecked, self._unchecked = self._unchecked, []
@@ -518,7 +561,7 @@ class OutputProducer:
                 self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
                 raise
         while self._open or self._failed:
-            if self._open:  # short slices: a stop is noticed within FLUSH_SLICE_SECONDS
+            if self._open:  # short slices: a stop, a stuck client, the watchdog are noticed within a slice
                 self.transport.wait(min(wait_s, FLUSH_SLICE_SECONDS))
             acked += self._settle(raise_errors=True)
             waiting = self._open
@@ -527,9 +570,13 @@ class OutputProducer:
             if (waiting or self._failed) and self.stop is not None and self.stop():
                 raise BrokerUnavailableError(f"{n_waiting + n_failed} {self.label} messages not acknowledged "
                                              f"at shutdown")
-            if waiting and time.monotonic() - last_warning >= wait_s:  # one line per kafka.request_timeout_ms
+            if waiting or self._failed:
+                if self.watchdog is not None:
+                    self.watchdog()
+                self._check_stuck()
+            if waiting and time.monotonic() >= next_log:  # one line per kafka.request_timeout_ms
+                next_log = time.monotonic() + wait_s
                 stalled = True
-                last_warning = time.monotonic()
                 log.warning("broker %s has not acknowledged %d %s message(s) for %.0f s (unreachable or stalled): "
                             "waiting, the producer retries them%s", cfg.bootstrap_servers, n_waiting, self.label,
                             time.monotonic() - t0, "; watermarks are not committed until they are acknowledged"
@@ -540,8 +587,8 @@ class OutputProducer:
                 time.sleep(d)
                 failed, self._failed = self._failed, []
                 for b, idx in failed:
+                    self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)
                     self._pending -= len(idx)
-                    self._submit(b.subset(idx))
         if stalled:
             log.warning("broker %s acknowledged the held %s messages after %.0f s: resuming", cfg.bootstrap_servers,
                         self.label, time.monotonic() - t0)
@@ -551,6 +598,11 @@ class OutputProducer:
         """Indices of ``b``'s failed messages, after checking that re-sending them can succeed."""
         idx = sorted(b.errors)
         first = b.errors[idx[0]]
+        unconfirmed = [i for i in idx if isinstance(b.errors[i], UnconfirmedDelivery)]
+        if unconfirmed:
+            raise ProducerFatalError(f"producer: {len(unconfirmed)} message(s) to {b.topic}[{b.partition}] acknowledged "
+                                     f"without an offset (maybe not stored: {b.errors[unconfirmed[0]]}); the "
+                                     f"producer must be closed and created anew, the caller re-sends what is missing")
         kind = self.transport.classify(first)
         detail = first.str() if isinstance(first, confluent_kafka.KafkaError) else repr(first)
         if kind == "fatal":
@@ -596,8 +648,10 @@ class OutputProducer:
 
 def open_producer(cfg: Config, *, partition_counts: dict[str, int] | None = None,
                   on_error: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None,
-                  label: str = "output") -> OutputProducer:
+                  label: str = "output", stuck_after_s: float | None = None,
+                  watchdog: Callable[[], None] | None = None) -> OutputProducer:
     """An :class:`OutputProducer` with a client of the configured kind, created with the start-up retry policy."""
     return OutputProducer(cfg, transport_factory=lambda: retry("producer", lambda: make_transport(cfg), cfg,
                                                                 stop=stop),
-                          partition_counts=partition_counts, on_error=on_error, stop=stop, label=label)
+                          partition_counts=partition_counts, on_error=on_error, stop=stop, label=label,
+                          stuck_after_s=stuck_after_s, watchdog=watchdog)

@@ -1,0 +1,161 @@
+"""Detects a broker that lost its data, so that the main path stops instead of publishing over it (issue 12).
+
+A Kafka-compatible broker can come back empty: Tansu on memory storage loses every topic, record, committed
+offset and producer id on a restart, and the clients' own metadata requests recreate the topics with 4
+partitions under new topic ids (docs/tansu.md, "Findings").  A service that went on would consume the new
+records from its old positions (skipping some), re-publish outputs at positions of new records and write
+ledger checkpoints that no longer match the input.  The signals, each cheap:
+
+* **topic identity** (:func:`compare_topics`): a topic's id (KIP-516) or partition count differs from what the
+  service saw at start, or the topic is gone (one metadata request without auto-creation for the input, the
+  ledger and the output topics: :meth:`BrokerGuard.check_topics`);
+* **offsets that went backwards** (:class:`OffsetFloors`): a partition's highwater below an offset this service
+  committed (input) or had acknowledged (ledger): records the broker once had are gone.  Highwaters come from
+  fetches (``highwater()``), never from ``end_offsets()`` (wrong on Tansu).
+
+On any of them :class:`BrokerDataLossError` is raised; ``stream-anon run`` logs it in one line and exits with
+code 4 (:data:`EXIT_DATA_LOSS`), abandoning what its producers still hold.  What the operator does then is in
+docs/service.md ("A broker that lost its data").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
+
+from stream_anon.service.config import Config
+from stream_anon.service.kafka_io import client_options
+
+log = logging.getLogger(__name__)
+
+EXIT_DATA_LOSS = 4
+"""Exit code of ``stream-anon run`` when the broker lost data the service had committed or acknowledged."""
+GUARD_REQUEST_TIMEOUT_MS = 5000
+"""Longest one metadata request of the check may take (a stalled broker must not hold the loop longer)."""
+UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION
+
+
+class BrokerDataLossError(RuntimeError):
+    """The broker no longer has data this service committed or acknowledged (the message says which signal)."""
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """What the broker's metadata says of one topic: its id (None if the broker reports none) and partitions."""
+
+    topic_id: str | None
+    partitions: int
+
+
+def compare_topics(before: Mapping[str, TopicState], now: Mapping[str, TopicState | None]) -> list[str]:
+    """What changed between two metadata views of the same topics: one line per topic that is gone, has a new
+    topic id (recreated) or another partition count.  A topic missing from ``now`` is not checked."""
+    problems = []
+    for topic, old in sorted(before.items()):
+        if topic not in now:
+            continue
+        new = now[topic]
+        if new is None:
+            problems.append(f"topic {topic} is gone")
+        elif old.topic_id is not None and new.topic_id is not None and new.topic_id != old.topic_id:
+            problems.append(f"topic {topic} was recreated (topic id {old.topic_id} -> {new.topic_id}, "
+                            f"{old.partitions} -> {new.partitions} partitions)")
+        elif new.partitions != old.partitions:
+            problems.append(f"topic {topic} has {new.partitions} partitions, {old.partitions} at start")
+    return problems
+
+
+class OffsetFloors:
+    """Per topic partition the lowest end offset a broker that kept its data can report: the highest offset
+    this service committed (input) or saw acknowledged + 1 (ledger).  End offsets never decrease."""
+
+    def __init__(self) -> None:
+        self._floor: dict[tuple[str, int], tuple[int, str]] = {}
+
+    def raise_to(self, topic: str, partition: int, offset: int, what: str) -> None:
+        """Record that ``topic[partition]`` had at least ``offset`` records (``what`` says how we know)."""
+        old = self._floor.get((topic, partition))
+        if old is None or offset > old[0]:
+            self._floor[(topic, partition)] = (offset, what)
+
+    def floor(self, topic: str, partition: int) -> int | None:
+        f = self._floor.get((topic, partition))
+        return None if f is None else f[0]
+
+    def check(self, topic: str, partition: int, highwater: int | None) -> str | None:
+        """One line if ``highwater`` (from a fetch) is below the floor, else None."""
+        f = self._floor.get((topic, partition))
+        if f is None or highwater is None or highwater >= f[0]:
+            return None
+        return (f"{topic}[{partition}] ends at offset {highwater}, below offset {f[0]} this service {f[1]}: "
+                f"records the broker had are gone")
+
+
+class BrokerGuard:
+    """The topic-identity check of one service process: :meth:`start` records the topics' ids and partition
+    counts, :meth:`check_topics` compares the broker's current view with them (raising
+    :class:`BrokerDataLossError`).  The offsets' floors are in :attr:`floors` (checked by the caller, which has
+    the highwaters)."""
+
+    def __init__(self, cfg: Config, topics: Sequence[str],
+                 admin_factory: Callable[[], KafkaAdminClient] | None = None) -> None:
+        self.cfg = cfg
+        self.topics = list(dict.fromkeys(topics))
+        self._admin_factory = admin_factory or self._make_admin
+        self._admin: KafkaAdminClient | None = None
+        self.baseline: dict[str, TopicState] = {}
+        self.floors = OffsetFloors()
+
+    def _make_admin(self) -> KafkaAdminClient:
+        opts: dict[str, Any] = {**client_options(self.cfg),
+                                "request_timeout_ms": min(self.cfg.kafka.request_timeout_ms, GUARD_REQUEST_TIMEOUT_MS)}
+        return KafkaAdminClient(**opts, bootstrap_timeout_ms=self.cfg.kafka.connect_timeout_ms)
+
+    def describe(self) -> dict[str, TopicState | None]:
+        """The broker's current view of the topics (None: the topic does not exist); raises ``KafkaError`` or
+        ``OSError`` when the broker does not answer."""
+        if self._admin is None:
+            self._admin = self._admin_factory()
+        out: dict[str, TopicState | None] = {}
+        for d in self._admin.describe_topics(self.topics):
+            name = str(d.get("name", d.get("topic")))
+            if d.get("error_code", 0) == UNKNOWN_TOPIC or not d.get("partitions"):
+                out[name] = None
+            else:
+                tid = d.get("topic_id")
+                out[name] = TopicState(None if tid is None else str(tid), len(d["partitions"]))
+        return out
+
+    def start(self) -> None:
+        """Record the topics' ids and partition counts (the service just made sure they exist)."""
+        now = self.describe()
+        self.baseline = {t: s for t, s in now.items() if s is not None}
+        log.info("broker guard: %s", ", ".join(f"{t} (id {s.topic_id}, {s.partitions} partitions)"
+                                               for t, s in sorted(self.baseline.items())))
+
+    def check_topics(self) -> bool:
+        """Compare the broker's view with the start; raise :class:`BrokerDataLossError` on a change.  False if
+        the broker did not answer (nothing checked: an outage is not a loss)."""
+        try:
+            now = self.describe()
+        except (KafkaError, OSError) as e:
+            log.debug("broker guard: metadata request failed: %r", e)
+            self.close()  # a fresh client next time
+            return False
+        problems = compare_topics(self.baseline, now)
+        if problems:
+            raise BrokerDataLossError("; ".join(problems))
+        return True
+
+    def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            try:
+                admin.close()
+            except (KafkaError, OSError) as e:
+                log.debug("broker guard: close failed: %r", e)
