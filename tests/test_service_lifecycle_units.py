@@ -105,3 +105,42 @@ def test_a_child_dies_with_its_parent() -> None:
             break
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.05)
+
+
+class _SilentGuard:
+    """A broker guard whose metadata request timed out (the broker froze while the loop was inside it)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def check_topics(self) -> Exception | None:
+        from kafka.errors import KafkaTimeoutError
+        self.calls += 1
+        return KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:9092")
+
+
+def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogCaptureFixture) -> None:
+    """CI found an 8-s broker freeze with no line of the service: the loop spent it inside the data check's
+    metadata request (a new admin client bootstraps for ``connect_timeout_ms``), and its ping came after the
+    broker was back.  A failed data check is itself the outage's first line; the check then waits for the
+    broker's return (only the ping asks, with its backoff), and the return is named."""
+    import re
+
+    from test_service_broker_outage import BACK, OUTAGE  # type: ignore[import-not-found]
+
+    from stream_anon.service.app import MainPath
+    from stream_anon.service.config import Config
+
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    guard = _SilentGuard()
+    main._guard = guard  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="stream_anon"):
+        assert main._check_data(force=True) is False
+        assert main._outage_since is not None and guard.calls == 1
+        assert main._check_data() is True and guard.calls == 1  # during the outage only the ping asks
+        main._broker_answered()
+    text = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records)
+    assert OUTAGE.search(text) and BACK.search(text), text
+    assert re.search(r"not answering for \d+ s \(KafkaTimeoutError: Unable to bootstrap", text), text
+    assert main._outage_since is None

@@ -168,6 +168,62 @@ def test_a_producer_that_keeps_failing_ends_the_run_with_exit_code_1(
           f"after the input was sent")
 
 
+class FaultAfterProgress(Fault):
+    """Spoils one batch to ``topic`` each time the service has committed progress since the last spoiled one (a
+    broker restart every few seconds, as in the durable kill -9 test): each recreation helps, then fails again."""
+
+    def __init__(self, topic: str, times: int, progress: Callable[[], int]) -> None:
+        super().__init__(topic, nth=1, times=times)
+        self.progress = progress
+        self.at = -1
+
+    def hit(self, batch: Any) -> bool:
+        if batch.topic != self.topic or self.times <= 0 or self.progress() == self.at:
+            return False
+        self.at = self.progress()
+        self.times -= 1
+        return True
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_failures_with_progress_between_them_never_end_the_run(
+        broker: Any, adult_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than ``PRODUCER_RECREATIONS_MAX`` failures within the window, each after the previous recreation
+    helped (a commit moved a watermark): the service keeps running and accounts every record once.  (CI saw the
+    durable kill -9 test end with exit code 1 when three broker restarts within 20 s cost four recreations.)"""
+    bs = broker.bootstrap_servers
+    prefix = f"rec{uuid.uuid4().hex[:6]}"
+    cfg = config(bs, prefix)
+    main_ref: list[MainPath] = []
+    times, n = PRODUCER_RECREATIONS_MAX + 1, 2 * N  # (twice the records: room for every spoiled batch)
+    fault = FaultAfterProgress(cfg.topics.anon, times, lambda: main_ref[0].commits_made if main_ref else -1)
+    patch_clients(monkeypatch, fault)
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    main_ref.append(main)
+    STARTED.append(main)
+    rc: list[int] = []
+    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
+    th.start()
+    assert main.ready.wait(30)
+    send_adult(adult_path, cfg.topics.input, bs, n)
+    t = main.totals
+    deadline = time.monotonic() + 150
+    while t.control < 2 or len(snapshot(cfg).records) < n:
+        assert th.is_alive(), f"the service stopped with {rc}"
+        assert time.monotonic() < deadline, f"not drained: {t}"
+        time.sleep(0.5)
+    main.stop_event.set()
+    th.join(60)
+    assert rc == [0]
+    assert t.producer_recreations == times > PRODUCER_RECREATIONS_MAX, (t.producer_recreations, fault.times)
+    snap = snapshot(cfg)
+    assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
+    assert len(snap.records) == n and snap.records.record_id.is_unique
+    print(f"\nfailures with progress between them: {t.producer_recreations} recreations, exit code 0, {n} records "
+          f"accounted once, {t.resent} outputs re-sent")
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_the_recovery_readers_end_of_a_partition_is_fresh_on_every_call(broker: Any) -> None:

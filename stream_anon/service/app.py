@@ -24,8 +24,9 @@ recovery re-sends, revoke) and :meth:`OutputProducer.poll` (``ProducerFatalError
 ``Backend.results`` (exit code 1).  A producer that cannot deliver (``ProducerFatalError``: a fatal client
 error, an acknowledgement without an offset, or nothing acknowledged for ``service.producer_recovery_seconds``)
 is closed and created anew and every owned partition recovers from the ledger
-(:meth:`MainPath._recreate_producers`); more than ``PRODUCER_RECREATIONS_MAX`` such failures while the broker
-answers, within ``PRODUCER_FAILURE_WINDOW`` x ``service.producer_recovery_seconds``, end the run with exit code 1.
+(:meth:`MainPath._recreate_producers`); more than ``PRODUCER_RECREATIONS_MAX`` such failures in a row (no commit
+between them: creating the producers anew did not help) while the broker answers, within
+``PRODUCER_FAILURE_WINDOW`` x ``service.producer_recovery_seconds``, end the run with exit code 1.
 A broker that lost data (:mod:`stream_anon.service.broker_guard`, checked every ``BROKER_DATA_CHECK_SECONDS``,
 while a flush waits and before a partition is recovered) ends it with exit code 4, abandoning what the producers
 hold.  A record the consumer cannot read (``CorruptRecordError``) is dead-lettered by position (:meth:`MainPath._skip_unreadable`).
@@ -115,7 +116,9 @@ BROKER_DATA_CHECK_SECONDS = 5.0
 """How often the loop (and a waiting flush) asks whether the broker lost data (:mod:`~stream_anon.service.broker_guard`):
 one metadata request, plus one fetch per owned ledger partition."""
 PRODUCER_RECREATIONS_MAX = 3
-"""Producer failures (while the broker answers) tolerated within the window below; one more: exit code 1."""
+"""Producer failures (while the broker answers) tolerated in a row within the window below; one more: exit code 1.
+A failure after which the service committed progress starts a new row: the recreation helped (broker restarts,
+each of which may cost a recreation, are then never counted against the service)."""
 PRODUCER_FAILURE_WINDOW = 3.0
 """The window, in multiples of ``service.producer_recovery_seconds`` (at least 60 s)."""
 
@@ -235,6 +238,8 @@ class MainPath:
         self.outboxes: dict[int, PartitionOutbox] = {}
         self.totals = MainPathTotals()
         self.committed: dict[int, int] = {}
+        self.commits_made = 0  # commits that moved a watermark past its highest commit so far
+        self._commit_high: dict[int, int] = {}  # partition -> highest watermark committed (kept across recoveries)
         self.heartbeat = heartbeat or LoopHeartbeat(cfg.service.healthz_stall_seconds)  # ticked every iteration
         self.view = LoopView()  # for the lag monitor: assigned partitions, consumed positions (replaced, never mutated)
         self.lag_monitor: LagMonitor | None = None
@@ -341,10 +346,12 @@ class MainPath:
 
     def _run_recovering(self) -> None:
         """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger
-        (:meth:`_recreate_producers`), up to ``PRODUCER_RECREATIONS_MAX`` failures within the window while the
-        broker answers (an outage never counts: then the recovery waits for the broker)."""
+        (:meth:`_recreate_producers`), up to ``PRODUCER_RECREATIONS_MAX`` failures in a row within the window
+        while the broker answers (an outage never counts: then the recovery waits for the broker; a commit of
+        progress after a recreation ends the row: that recreation helped)."""
         window = max(60.0, PRODUCER_FAILURE_WINDOW * self.cfg.service.producer_recovery_seconds)
         failures: deque[float] = deque()
+        commits_at_failure = self.commits_made
         error: ProducerFatalError | None = None
         while True:
             try:
@@ -357,6 +364,9 @@ class MainPath:
                 if self.stop_event.is_set():
                     raise
                 now = time.monotonic()
+                if self.commits_made != commits_at_failure:  # progress since the last failure: a new row
+                    failures.clear()
+                commits_at_failure = self.commits_made
                 while failures and now - failures[0] > window:
                     failures.popleft()
                 if self._check_data(force=True):  # the broker answers (and kept its data): a client failure
@@ -475,17 +485,23 @@ class MainPath:
             self._reader.ping(self.cfg.topics.input, min(self.states) if self.states else 0,
                               min(self.cfg.kafka.request_timeout_ms, 10000))
         except (KafkaError, OSError) as e:
-            if self._outage_since is None:
-                self._outage_since = quiet_since
-            delay = next(self._outage_delays)
-            detail = str(e).removeprefix(f"{type(e).__name__}: ")
-            log.warning("broker %s not answering for %.0f s (%s%s): nothing is consumed or committed meanwhile, "
-                        "unacknowledged outputs are held; the clients keep retrying, checking again in %.1f s",
-                        self.cfg.kafka.bootstrap_servers, time.monotonic() - self._outage_since, type(e).__name__,
-                        f": {detail}" if detail and detail != "None" else "", delay)
-            self._broker_check_at = time.monotonic() + delay
+            self._broker_silent(quiet_since, e)
             return
         self._broker_answered()
+
+    def _broker_silent(self, since: float, error: BaseException) -> None:
+        """A request to the broker failed (the ping, or the data check's metadata request): one clear line, and
+        the next ping after the next backoff delay.  Whichever request fails first reports the outage, so an
+        outage is named even when the loop spent it inside another blocking request."""
+        if self._outage_since is None:
+            self._outage_since = since
+        delay = next(self._outage_delays)
+        detail = str(error).removeprefix(f"{type(error).__name__}: ")
+        log.warning("broker %s not answering for %.0f s (%s%s): nothing is consumed or committed meanwhile, "
+                    "unacknowledged outputs are held; the clients keep retrying, checking again in %.1f s",
+                    self.cfg.kafka.bootstrap_servers, time.monotonic() - self._outage_since, type(error).__name__,
+                    f": {detail}" if detail and detail != "None" else "", delay)
+        self._broker_check_at = time.monotonic() + delay
 
     # ------------------------------------------------------------------ a broker that lost its data; producer recreation
     def _check_data(self, *, force: bool = False) -> bool:
@@ -495,10 +511,13 @@ class MainPath:
         :class:`BrokerDataLossError`; returns False when the broker did not answer (nothing checked)."""
         now = time.monotonic()
         guard, consumer, reader = self._guard, self._consumer, self._reader
-        if (not force and now < self._data_check_at) or guard is None or self.stop_event.is_set():
+        if (not force and (now < self._data_check_at or self._outage_since is not None)) or guard is None \
+                or self.stop_event.is_set():  # (during an outage only the ping asks, with its backoff)
             return True
         self._data_check_at = now + BROKER_DATA_CHECK_SECONDS
-        if not guard.check_topics():
+        failure = guard.check_topics()
+        if failure is not None:
+            self._broker_silent(now, failure)
             return False
         problems = []
         if consumer is not None:
@@ -513,6 +532,7 @@ class MainPath:
                     end = reader.bounds(self.ledger_topic, lp, timeout_s=5.0)[1]
                 except (KafkaError, OSError) as e:
                     log.debug("broker data check: end of %s[%d] unknown: %r", self.ledger_topic, lp, e)
+                    self._broker_silent(now, e)
                     return False
                 problem = guard.floors.check(self.ledger_topic, lp, end)
                 if problem:
@@ -894,7 +914,10 @@ class MainPath:
         except KafkaError as e:  # e.g. CommitFailedError after a rebalance: the new owner recovers from the ledger
             log.warning("commit of %s failed: %r", {tp.partition: o.offset for tp, o in offsets.items()}, e)
             return
+        if any(om.offset > self._commit_high.get(tp.partition, -1) for tp, om in offsets.items()):
+            self.commits_made += 1  # progress: everything below the new watermarks was delivered
         for tp, om in offsets.items():
+            self._commit_high[tp.partition] = max(om.offset, self._commit_high.get(tp.partition, -1))
             self.committed[tp.partition] = om.offset
             if self._guard is not None:  # a watermark never exceeds what was consumed: the input had that many
                 self._guard.floors.raise_to(tp.topic, tp.partition, om.offset, "committed")

@@ -138,19 +138,19 @@ class BrokerGuard:
         log.info("broker guard: %s", ", ".join(f"{t} (id {s.topic_id}, {s.partitions} partitions)"
                                                for t, s in sorted(self.baseline.items())))
 
-    def check_topics(self) -> bool:
-        """Compare the broker's view with the start; raise :class:`BrokerDataLossError` on a change.  False if
-        the broker did not answer (nothing checked: an outage is not a loss)."""
+    def check_topics(self) -> KafkaError | OSError | None:
+        """Compare the broker's view with the start; raise :class:`BrokerDataLossError` on a change.  Returns the
+        error when the broker did not answer (nothing checked: an outage is not a loss), else None."""
         try:
             now = self.describe()
         except (KafkaError, OSError) as e:
             log.debug("broker guard: metadata request failed: %r", e)
             self.close()  # a fresh client next time
-            return False
+            return e
         problems = compare_topics(self.baseline, now)
         if problems:
             raise BrokerDataLossError("; ".join(problems))
-        return True
+        return None
 
     def close(self) -> None:
         admin, self._admin = self._admin, None
