@@ -142,6 +142,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def _starter() -> int:
+    # Ctrl-C in a terminal meets Python's default handler; a suite started in the background by a non-interactive
+    # shell (`... &`) inherits SIGINT *ignored*, which the sleeper below would inherit too (exec keeps SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     broker = EmbeddedBroker().start()
     sleeper = subprocess.Popen(["sleep", "600"])  # same process group as this child: the control
     try:  # from the line on, so a SIGINT right after the test has read it is caught too

@@ -196,7 +196,7 @@ def test_failures_with_progress_between_them_never_end_the_run(
     prefix = f"rec{uuid.uuid4().hex[:6]}"
     cfg = config(bs, prefix)
     main_ref: list[MainPath] = []
-    times, n = PRODUCER_RECREATIONS_MAX + 1, 2 * N  # (twice the records: room for every spoiled batch)
+    times = PRODUCER_RECREATIONS_MAX + 1
     fault = FaultAfterProgress(cfg.topics.anon, times, lambda: main_ref[0].commits_made if main_ref else -1)
     patch_clients(monkeypatch, fault)
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
@@ -206,7 +206,26 @@ def test_failures_with_progress_between_them_never_end_the_run(
     th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
     th.start()
     assert main.ready.wait(30)
-    send_adult(adult_path, cfg.topics.input, bs, n)
+    # records in chunks, each followed by the progress it makes, until every spoiled batch was spoiled (how many
+    # chunks that takes depends on the machine's speed: batch sizes follow the load)
+    rows = list(iter_adult_records(adult_path))
+    producer = KafkaProducer(bootstrap_servers=bs, linger_ms=5)
+    n = 0
+    while fault.times > 0:
+        assert n < len(rows), f"all of ADULT sent and {fault.times} faults never injected"
+        before = main.commits_made
+        for rec in rows[n:n + 500]:
+            producer.send(cfg.topics.input, value=json.dumps(rec).encode(), key=str(rec["id"]).encode(),
+                          partition=n % 2)
+            n += 1
+        producer.flush()
+        deadline = time.monotonic() + 60
+        while main.commits_made == before:
+            assert th.is_alive(), f"the service stopped with {rc}"
+            assert time.monotonic() < deadline, f"no progress after {n} records: {main.totals}"
+            time.sleep(0.1)
+    send_flush_markers(producer, cfg.topics.input, [0, 1])
+    producer.close()
     t = main.totals
     deadline = time.monotonic() + 150
     while t.control < 2 or len(snapshot(cfg).records) < n:
