@@ -89,6 +89,20 @@ def snapshot(cfg: Config) -> OutputSnapshot:
                            qis=[a.name for a in s.qis], sensitive=["income"], input_ends=partition_ends(bs, t.input))
 
 
+def drain_and_stop(main: MainPath, th: threading.Thread, rc: list[int], cfg: Config, n: int,
+                   timeout_s: float) -> None:
+    """Wait (deadline ``timeout_s``) until both end markers arrived and the ledger accounts ``n`` records, then stop
+    the service: it must exit 0."""
+    deadline = time.monotonic() + timeout_s
+    while main.totals.control < 2 or len(snapshot(cfg).records) < n:
+        assert th.is_alive(), f"the service stopped with {rc}"
+        assert time.monotonic() < deadline, f"not drained: {main.totals}"
+        time.sleep(0.5)
+    main.stop_event.set()
+    th.join(60)
+    assert rc == [0]
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("target", ["anon", "ledger"])
@@ -107,14 +121,7 @@ def test_deliveries_acknowledged_without_an_offset_recreate_the_producers_exactl
     assert main.ready.wait(30)
     send_adult(adult_path, cfg.topics.input, bs, N)
     t = main.totals
-    deadline = time.monotonic() + 120
-    while t.control < 2 or len(snapshot(cfg).records) < N:
-        assert th.is_alive(), f"the service stopped with {rc}"
-        assert time.monotonic() < deadline, f"not drained: {t}"
-        time.sleep(0.5)
-    main.stop_event.set()
-    th.join(60)
-    assert rc == [0]
+    drain_and_stop(main, th, rc, cfg, N, 120)
     assert fault.lost and fault.stored, "the fault was not injected"
     assert t.producer_recreations == 1
     assert len(made) == 4  # two clients at start, two after the failure
@@ -227,14 +234,7 @@ def test_failures_with_progress_between_them_never_end_the_run(
     send_flush_markers(producer, cfg.topics.input, [0, 1])
     producer.close()
     t = main.totals
-    deadline = time.monotonic() + 150
-    while t.control < 2 or len(snapshot(cfg).records) < n:
-        assert th.is_alive(), f"the service stopped with {rc}"
-        assert time.monotonic() < deadline, f"not drained: {t}"
-        time.sleep(0.5)
-    main.stop_event.set()
-    th.join(60)
-    assert rc == [0]
+    drain_and_stop(main, th, rc, cfg, n, 150)
     assert t.producer_recreations == times > PRODUCER_RECREATIONS_MAX, (t.producer_recreations, fault.times)
     snap = snapshot(cfg)
     assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
