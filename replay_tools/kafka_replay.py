@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaConnectionError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
 from replay_tools.progress import ProgressBar, RateLimiter
@@ -48,7 +48,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 
 class BrokerUnreachableError(RuntimeError):
-    """No Kafka broker answered at the bootstrap address within the connect timeout."""
+    """No Kafka broker answered at the bootstrap address within the connect timeout, or it stopped answering
+    while the topic was being checked or created."""
 
 
 class ReplayInputError(ValueError):
@@ -155,32 +156,42 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, rep
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
     """Create ``topic`` with ``partitions`` partitions if missing; return its partition count.
 
-    :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``.
+    :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``, or if it goes away
+    before the topic is known (one line for the operator, not a client library's traceback).
     """
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
         raise ValueError(f"partitions: expected an integer >= 1, got {partitions!r}")
     admin = _admin(bootstrap_servers, client_config, connect_timeout_s)
     try:
-        if topic not in set(admin.list_topics()):
-            try:
-                admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)])
-            except TopicAlreadyExistsError:
-                pass
-        deadline = time.monotonic() + timeout_s
-        while True:
-            desc = admin.describe_topics([topic])
-            parts = desc[0].get("partitions") or [] if desc else []
-            if parts or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        if not parts:
-            raise RuntimeError(f"topic {topic!r} has no partitions on {bootstrap_servers} after {timeout_s} s")
-        if len(parts) != partitions:
-            log.warning("topic %r exists with %d partitions (asked for %d); using it as it is",
-                        topic, len(parts), partitions)
-        return len(parts)
+        return _ensure_topic(admin, bootstrap_servers, topic, partitions, replication_factor, timeout_s)
+    except (KafkaError, OSError) as e:
+        raise BrokerUnreachableError(f"the broker at {bootstrap_servers} stopped answering while topic {topic!r} "
+                                     f"was checked or created: {type(e).__name__}: {e}") from None
     finally:
         admin.close()
+
+
+def _ensure_topic(admin: KafkaAdminClient, bootstrap_servers: str, topic: str, partitions: int,
+                  replication_factor: int, timeout_s: float) -> int:
+    """The body of :func:`ensure_topic` (its client errors become :class:`BrokerUnreachableError` there)."""
+    if topic not in set(admin.list_topics()):
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)])
+        except TopicAlreadyExistsError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while True:
+        desc = admin.describe_topics([topic])
+        parts = desc[0].get("partitions") or [] if desc else []
+        if parts or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not parts:
+        raise RuntimeError(f"topic {topic!r} has no partitions on {bootstrap_servers} after {timeout_s} s")
+    if len(parts) != partitions:
+        log.warning("topic %r exists with %d partitions (asked for %d); using it as it is",
+                    topic, len(parts), partitions)
+    return len(parts)
 
 
 def send_end_of_stream(producer: KafkaProducer, topic: str, *, timeout_s: float = 60.0) -> list[int]:

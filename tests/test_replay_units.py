@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from replay_support import write_clinic
 
+from replay_tools import kafka_replay
 from replay_tools.__main__ import ReplaySourceError, load_records
 from replay_tools.kafka_replay import (
+    BrokerUnreachableError,
     ReplayInputError,
     ReplayStats,
     _passes,
@@ -234,6 +236,34 @@ def test_an_unreachable_broker_gives_one_line_and_exit_3(command: list[str]) -> 
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"no Kafka broker reachable at 127.0.0.1:{port} within 2 s" in lines[0]
+
+
+class _AdminLosingItsBroker:
+    """An admin client whose broker goes away after the topic was created (CI: a broker killed right then)."""
+
+    closed = False
+
+    def list_topics(self) -> list[str]:
+        return []
+
+    def create_topics(self, topics: list[Any]) -> None:
+        pass
+
+    def describe_topics(self, topics: list[str]) -> list[dict[str, Any]]:
+        from kafka.errors import KafkaConnectionError
+        raise KafkaConnectionError("111 ECONNREFUSED")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_broker_lost_while_the_topic_is_set_up_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = _AdminLosingItsBroker()
+    monkeypatch.setattr(kafka_replay, "_admin", lambda *_a: admin)
+    with pytest.raises(BrokerUnreachableError, match=r"the broker at 127\.0\.0\.1:1 stopped answering while topic "
+                                                     r"'adult\.raw' was checked or created: KafkaConnectionError"):
+        kafka_replay.ensure_topic("127.0.0.1:1", "adult.raw", 2)
+    assert admin.closed
 
 
 @pytest.mark.parametrize(("args", "message"), [

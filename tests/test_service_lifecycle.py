@@ -264,8 +264,11 @@ def test_a_replay_whose_broker_goes_away_ends_with_one_line_no_traceback(adult_p
                                  "--limit", "5000", "--rate", "1000", "--bootstrap-servers", broker.bootstrap_servers,
                                  "--no-progress", "--no-flush"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
-        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None)
-        wait_for("replay under way", lambda: bool(consumer.partitions_for_topic("adult.raw")), 60)
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None,
+                                 auto_offset_reset="earliest")
+        wait_for("the topic", lambda: bool(consumer.partitions_for_topic("adult.raw")), 60)
+        consumer.assign([TopicPartition("adult.raw", p) for p in sorted(consumer.partitions_for_topic("adult.raw"))])
+        wait_for("records arriving (the replay is sending)", lambda: bool(consumer.poll(200)), 60)
         consumer.close()
         broker.kill()  # the broker goes away mid-replay (kill -9)
         out, err = proc.communicate(timeout=200)  # the tool's flush waits 60 s for acknowledgements, then gives up
