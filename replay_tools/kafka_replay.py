@@ -163,29 +163,23 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, rep
         raise ValueError(f"partitions: expected an integer >= 1, got {partitions!r}")
     admin = _admin(bootstrap_servers, client_config, connect_timeout_s)
     try:
-        return _ensure_topic(admin, bootstrap_servers, topic, partitions, replication_factor, timeout_s)
+        if topic not in set(admin.list_topics()):
+            try:
+                admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)])
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while True:
+            desc = admin.describe_topics([topic])
+            parts = desc[0].get("partitions") or [] if desc else []
+            if parts or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     except (KafkaError, OSError) as e:
         raise BrokerUnreachableError(f"the broker at {bootstrap_servers} stopped answering while topic {topic!r} "
                                      f"was checked or created: {type(e).__name__}: {e}") from None
     finally:
         admin.close()
-
-
-def _ensure_topic(admin: KafkaAdminClient, bootstrap_servers: str, topic: str, partitions: int,
-                  replication_factor: int, timeout_s: float) -> int:
-    """The body of :func:`ensure_topic` (its client errors become :class:`BrokerUnreachableError` there)."""
-    if topic not in set(admin.list_topics()):
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)])
-        except TopicAlreadyExistsError:
-            pass
-    deadline = time.monotonic() + timeout_s
-    while True:
-        desc = admin.describe_topics([topic])
-        parts = desc[0].get("partitions") or [] if desc else []
-        if parts or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
     if not parts:
         raise RuntimeError(f"topic {topic!r} has no partitions on {bootstrap_servers} after {timeout_s} s")
     if len(parts) != partitions:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.errors import KafkaConnectionError
 from replay_support import write_clinic
 
 from replay_tools import kafka_replay
@@ -250,7 +251,6 @@ class _AdminLosingItsBroker:
         pass
 
     def describe_topics(self, topics: list[str]) -> list[dict[str, Any]]:
-        from kafka.errors import KafkaConnectionError
         raise KafkaConnectionError("111 ECONNREFUSED")
 
     def close(self) -> None:

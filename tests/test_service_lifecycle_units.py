@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -13,9 +14,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from kafka.errors import KafkaTimeoutError
 from prometheus_client import CollectorRegistry
+from test_service_broker_outage import BACK, OUTAGE  # type: ignore[import-not-found]
 
+from stream_anon.service.app import MainPath
 from stream_anon.service.broker import free_port
+from stream_anon.service.config import Config
 from stream_anon.service.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
 from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.metrics import ServiceMetrics, serve_metrics
@@ -114,7 +119,6 @@ class _SilentGuard:
         self.calls = 0
 
     def check_topics(self) -> Exception | None:
-        from kafka.errors import KafkaTimeoutError
         self.calls += 1
         return KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:9092")
 
@@ -124,13 +128,6 @@ def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogC
     metadata request (a new admin client bootstraps for ``connect_timeout_ms``), and its ping came after the
     broker was back.  A failed data check is itself the outage's first line; the check then waits for the
     broker's return (only the ping asks, with its backoff), and the return is named."""
-    import re
-
-    from test_service_broker_outage import BACK, OUTAGE  # type: ignore[import-not-found]
-
-    from stream_anon.service.app import MainPath
-    from stream_anon.service.config import Config
-
     cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     guard = _SilentGuard()
