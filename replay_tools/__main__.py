@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.core.datasets import ADULT_ENV
+from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 
 
 class ReplaySourceError(ValueError):
@@ -32,9 +32,9 @@ def load_records(*, adult: str | None = None, csv: str | None = None, schema: st
     (record id field named by the schema, values typed by it): what the service's decoder accepts.
     """
     from replay_tools.schema_records import schema_records
-    from replay_tools.synthetic import synthetic_adult_records
     from stream_anon.core.datasets import iter_adult_records
     from stream_anon.core.schema import Schema
+    from stream_anon.replay.synthetic import synthetic_adult_records
 
     if synthetic is not None:
         n = limit if synthetic == 0 else (min(synthetic, limit) if limit is not None else synthetic)
@@ -73,9 +73,9 @@ def _source_id_field(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace) -> tuple[Any, str, str | None]:
     """(records, label, record id field) for the source flags; a bad file or flag is a ReplaySourceError."""
-    from replay_tools.synthetic import MarginalsError
     from stream_anon.core.datasets import DatasetError
     from stream_anon.core.schema import SchemaError
+    from stream_anon.replay.synthetic import MarginalsError
 
     try:
         records, label = load_records(adult=args.adult, csv=args.csv, schema=args.schema, synthetic=args.synthetic,
@@ -90,7 +90,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, str, str | None]:
 
 
 def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
-    from replay_tools.kafka_replay import ensure_topic, replay_records
+    from stream_anon.replay.kafka_replay import ensure_topic, replay_records
 
     args.bootstrap_servers = args.bootstrap_servers or bootstrap_servers_from_env("kafka")
     if not args.bootstrap_servers:
@@ -118,7 +118,7 @@ def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
 
 def _cmd_udp(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     from replay_tools.bridge_metrics import scrape_bridge_counters, wait_for_stream_loss
-    from replay_tools.udp_sender import send_udp
+    from stream_anon.replay.udp_sender import send_udp
     from stream_anon.service.udp_bridge import parse_listen
 
     try:
@@ -145,7 +145,7 @@ def _cmd_udp(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
 
 
 def _cmd_flush(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
-    from replay_tools.kafka_replay import make_producer, send_end_of_stream, topic_exists
+    from stream_anon.replay.kafka_replay import make_producer, send_end_of_stream, topic_exists
 
     args.bootstrap_servers = args.bootstrap_servers or bootstrap_servers_from_env("flush")
     if not args.bootstrap_servers:
@@ -173,7 +173,12 @@ def _write_jsonl(records: Iterable[dict[str, Any]], out: Any) -> int:
 
 
 def _cmd_synthetic(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
-    from replay_tools.synthetic import ADULT_MARGINALS_PATH, Marginals, SyntheticGenerator, adult_marginals
+    from stream_anon.replay.synthetic import (
+        ADULT_MARGINALS_PATH,
+        Marginals,
+        SyntheticGenerator,
+        adult_marginals,
+    )
 
     if args.write_marginals:
         m = Marginals.from_adult_file(args.adult)
@@ -255,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None, help="seed (default: OS entropy)")
     s.add_argument("--output", default=None, help="JSON-lines file ('-' = stdout; default: only measure throughput)")
     s.add_argument("--marginals", default=None, help="marginals JSON (default: from the ADULT file if available, "
-                                                     "else the shipped replay_tools/data/adult_marginals.json)")
+                                                     "else the shipped stream_anon/replay/data/adult_marginals.json)")
     s.add_argument("--adult", default=None, help="ADULT file to compute the marginals from")
     s.add_argument("--write-marginals", default=None, metavar="PATH",
                    help="compute ADULT's marginals from the real file and write them as JSON, then exit")
@@ -271,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; operator mistakes and an unreachable broker end in one line on stderr, no traceback."""
     from replay_tools.bridge_metrics import BridgeMetricsError
-    from replay_tools.kafka_replay import BrokerUnreachableError, ReplayInputError
+    from stream_anon.replay.kafka_replay import BrokerUnreachableError, ReplayInputError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "python -m replay_tools"
@@ -279,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with InterruptGuard() as interrupts:
         try:
             if argv[:1] == ["udp-loss-bench"]:  # its own parser (argparse REMAINDER does not take leading options)
-                from replay_tools.udp_bench import main as bench_main
+                from stream_anon.bench.udp_loss import main as bench_main
 
                 return bench_main(argv[1:])
             args = build_parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """A user's CSV as the records the service expects: shaped and typed by the schema, keyed by its record id field.
 
-The service's decoder (``stream_anon.service.decoding.RecordDecoder``) accepts a JSON object whose keys are
+The service's decoder (``stream_anon.formats.decoding.RecordDecoder``) accepts a JSON object whose keys are
 exactly the schema's record id field (``record_id``, whatever it is called), its attributes and its person id
 field (``person_id``, if any), with numbers as JSON numbers and categories as strings.  A CSV read with
 ``read_csv_with_schema`` may hold more columns, and its values are strings; :func:`schema_records` keeps

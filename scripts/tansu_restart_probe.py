@@ -42,7 +42,7 @@ from confluent_kafka import Producer as CKProducer
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from stream_anon.service.broker import EmbeddedBroker, S3rver, find_s3rver, free_port, node_binary
+from stream_anon.kafka_io.broker import EmbeddedBroker, S3rver, find_s3rver, free_port, node_binary
 
 TOPIC, GROUP, PARTITIONS = "probe", "g", 2
 

@@ -2,7 +2,7 @@
 # The project's test command: installs everything the tests need, then runs the whole suite.
 #   - Debian's prometheus package (promtool + a real Prometheus server) when promtool is missing and we are root
 #   - Node.js/npm (Debian's nodejs and npm) when missing and we are root, then the npm package s3rver into the
-#     project-local, gitignored .cache/npm (the durable-broker tests run Tansu on it; stream_anon.service.broker
+#     project-local, gitignored .cache/npm (the durable-broker tests run Tansu on it; stream_anon.kafka_io.broker
 #     finds it there, or wherever $STREAM_ANON_S3RVER points)
 #   - the package with its test extras
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k engine`).

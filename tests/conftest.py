@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_anon.service.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
+from stream_anon.kafka_io.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
 
 
 @pytest.fixture(scope="session")

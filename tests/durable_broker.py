@@ -25,7 +25,7 @@ from pathlib import Path
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.kafka_io.broker import EmbeddedBroker
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

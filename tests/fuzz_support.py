@@ -2,7 +2,7 @@
 
 ``malformed_messages(seed, n)`` returns ``n`` :class:`FuzzMessage` ``(kind, value, headers, key, expect,
 record)`` drawn round-robin over :data:`KINDS` (``weights`` skews that), each built from a valid record of the
-schema with one fault injected.  ``expect`` is what :class:`~stream_anon.service.decoding.RecordDecoder` must
+schema with one fault injected.  ``expect`` is what :class:`~stream_anon.formats.decoding.RecordDecoder` must
 make of the *value*: ``"valid"``, a dead-letter reason, or None where the outcome is not determined by
 construction (random mutations: any outcome but an exception is right).  ``record`` is the record a valid
 value decodes to.  Header kinds (``control_header_on_record``, ``garbage_headers``, ``non_utf8_header_key``)
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from stream_anon.core.schema import Attribute, Kind, Schema, adult_schema
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, MAX_JSON_DEPTH
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, MAX_JSON_DEPTH
 
 VALID = "valid"
 BOM = b"\xef\xbb\xbf"

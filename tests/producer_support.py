@@ -8,7 +8,7 @@ from typing import Any
 
 import confluent_kafka
 
-from stream_anon.service.producer import Outcome, OutgoingBatch, UnconfirmedDelivery
+from stream_anon.kafka_io.producer import Outcome, OutgoingBatch, UnconfirmedDelivery
 
 
 @dataclass

@@ -40,7 +40,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from kafka.structs import OffsetAndMetadata
 
-from stream_anon.service.broker import S3RVER_ENV, EmbeddedBroker, S3rverNotFoundError, node_binary
+from stream_anon.kafka_io.broker import S3RVER_ENV, EmbeddedBroker, S3rverNotFoundError, node_binary
 
 TOPIC, GROUP, PARTITIONS = "durable", "durable-group", 2
 SUPPORT = Path(__file__).with_name("durable_broker.py")

@@ -10,7 +10,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
-from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.broker import EmbeddedBroker
 from stream_anon.service.broker_guard import (
     BrokerDataLossError,
     BrokerGuard,
@@ -18,7 +19,6 @@ from stream_anon.service.broker_guard import (
     TopicState,
     compare_topics,
 )
-from stream_anon.service.config import Config
 
 
 def test_compare_topics_names_a_gone_recreated_or_resized_topic_and_nothing_else() -> None:

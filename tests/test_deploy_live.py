@@ -37,8 +37,8 @@ from deploy_support import (
     rule_exprs,
 )
 
-from stream_anon.service.broker import free_port
-from stream_anon.service.metrics import METRIC_NAMES
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.metrics.definitions import METRIC_NAMES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -110,7 +110,7 @@ def _vector(prom: str, expr: str) -> list[tuple[dict[str, str], float]]:
 
 
 def _replay(bootstrap: str, records: list[dict[str, Any]]) -> None:
-    from replay_tools.kafka_replay import replay_records
+    from stream_anon.replay.kafka_replay import replay_records
 
     stats = replay_records(records, INPUT, bootstrap, 0.0, partitions=2, progress=False)
     assert stats.records_acked == len(records), stats.summary()

@@ -40,8 +40,8 @@ from deploy_support import (
 )
 from prometheus_client import CollectorRegistry
 
-from stream_anon.service.config import Config, TopicSettings, env_to_option
-from stream_anon.service.metrics import METRIC_NAMES, ServiceMetrics
+from stream_anon.config.settings import Config, TopicSettings, env_to_option
+from stream_anon.metrics.definitions import METRIC_NAMES, ServiceMetrics
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -173,7 +173,7 @@ def _check_names(where: str, names: set[str], series: dict[str, str], records: s
             if n not in records:
                 bad.append(f"{where}: recording rule {n} is not defined in rules.yml")
         elif n not in series and n not in PROMETHEUS_SYNTHETIC:
-            bad.append(f"{where}: metric {n} is not exported by stream_anon.service.metrics")
+            bad.append(f"{where}: metric {n} is not exported by stream_anon.metrics.definitions")
     return bad
 
 

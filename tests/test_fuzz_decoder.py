@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_anon.core.schema import Schema, adult_schema
-from stream_anon.service.decoding import (
+from stream_anon.formats.decoding import (
     DLQ_REASON_MEANINGS,
     DLQ_REASONS,
     MAX_ERROR_CHARS,

@@ -1,14 +1,28 @@
-"""The import graph of ``stream_anon`` and ``replay_tools`` has no cycle.
+"""The packages of ``stream_anon`` are in layers, and the import graph of ``stream_anon`` and ``replay_tools`` has no
+cycle.
+
+Layers, bottom to top (:data:`LAYERS`); a module may import only from its own layer or below:
+
+1. pure: ``core``, ``privacy``, ``formats`` (message formats both paths use) and the package itself (its version);
+2. plumbing: ``kafka_io`` (Kafka clients, producer, reader, lifecycle, embedded broker), ``metrics``;
+3. configuration: ``config`` (the one ``Config`` and its sections, the side-path options);
+4. the paths and tools, side by side: ``service`` (main path), ``side`` (side paths), ``replay`` (what feeds the
+   input), ``report`` (reads run directories); none of them imports another (:data:`APART`);
+5. ``runtime``: what starts both paths (``stream-anon run``, the supervisor, the demo, which writes a report);
+6. entry points: ``cli``, ``bench``, ``__main__``.
+
+``replay_tools`` (outside the package) is on top: nothing in ``stream_anon`` imports it.
 
 Every ``import`` / ``from ... import`` statement counts, at module level and inside functions alike (read with
-``ast``, nothing is imported): a function-local import that only dodges a cycle is a cycle all the same.  An
-edge goes to the module imported (``from pkg import name`` goes to ``pkg.name`` when that is a module, else to
-``pkg``); the implicit import of parent packages is not an edge.
+``ast``, nothing is imported): a function-local import that only dodges a cycle or a layer is an import all the
+same.  An edge goes to the module imported (``from pkg import name`` goes to ``pkg.name`` when that is a module,
+else to ``pkg``); the implicit import of parent packages is not an edge.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,8 +89,9 @@ def _existing(dotted: str) -> str | None:
     return None
 
 
+@functools.cache
 def import_graph() -> dict[str, dict[str, tuple[int, bool]]]:
-    """module -> {imported module: (first line, function-local)}."""
+    """module -> {imported module: (first line, function-local)} (read once; callers do not change it)."""
     graph: dict[str, dict[str, tuple[int, bool]]] = {}
     for name, path in MODULES.items():
         edges: dict[str, tuple[int, bool]] = {}
@@ -146,11 +161,92 @@ def _cycle_in(component: list[str], graph: dict[str, dict[str, tuple[int, bool]]
     return component
 
 
+# Layers, bottom to top: (name, packages of stream_anon); "" is the package ``stream_anon`` itself (__init__).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("pure", ("", "core", "privacy", "formats")),
+    ("plumbing", ("kafka_io", "metrics")),
+    ("configuration", ("config",)),
+    ("paths and tools", ("service", "side", "replay", "report")),
+    ("runtime", ("runtime",)),
+    ("entry points", ("cli", "bench", "__main__")),
+)
+APART = frozenset({"service", "side", "replay", "report"})
+"""Packages of one layer that never import each other (the main path, the side paths, the replay, the report)."""
+OUTSIDE = "replay_tools"
+"""On top of everything: may import any of ``stream_anon``; nothing in ``stream_anon`` imports it."""
+
+LAYER_OF = {pkg: i for i, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
+
+
+def package_of(module: str) -> str:
+    """``stream_anon.service.app`` -> ``service``; ``stream_anon`` -> ``""``; ``replay_tools.x`` -> ``replay_tools``."""
+    parts = module.split(".")
+    if parts[0] == OUTSIDE:
+        return OUTSIDE
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, dict[str, tuple[int, bool]]],
+                     layer_of: dict[str, int] | None = None, apart: frozenset[str] = APART) -> list[str]:
+    """One line per import against the layers: from a higher layer, between two packages kept apart, of
+    ``replay_tools`` from ``stream_anon``, or from/to a package the table does not place."""
+    layer_of = LAYER_OF if layer_of is None else layer_of
+    names = {i: name for i, (name, _) in enumerate(LAYERS)}
+    out = []
+    for module in sorted(graph):
+        src = package_of(module)
+        if src == OUTSIDE:
+            continue
+        for target, (line, local) in sorted(graph[module].items()):
+            dst = package_of(target)
+            where = f"{module}:{line}{' (in a function)' if local else ''} imports {target}"
+            if dst == src:
+                continue
+            if dst == OUTSIDE:
+                out.append(f"{where}: nothing in stream_anon imports {OUTSIDE} (move what it needs into stream_anon)")
+            elif src not in layer_of or dst not in layer_of:
+                unplaced = src if src not in layer_of else dst
+                out.append(f"{where}: package {unplaced or 'stream_anon'!r} is in no layer (add it to LAYERS)")
+            elif layer_of[dst] > layer_of[src]:
+                out.append(f"{where}: {dst!r} ({names.get(layer_of[dst], layer_of[dst])}) is above {src!r} "
+                           f"({names.get(layer_of[src], layer_of[src])})")
+            elif src in apart and dst in apart:
+                out.append(f"{where}: {src!r} and {dst!r} never import each other (move the shared piece down)")
+    return out
+
+
 def test_graph_reads_the_real_tree() -> None:
     graph = import_graph()
-    assert {"stream_anon.service.app", "stream_anon.side.app", "replay_tools.udp_bench"} <= set(graph)
-    assert "stream_anon.service.config" in graph["stream_anon.service.app"]
+    assert {"stream_anon.service.app", "stream_anon.side.app", "replay_tools.__main__"} <= set(graph)
+    assert "stream_anon.config.settings" in graph["stream_anon.service.app"]
     assert "stream_anon.service.workers" in graph["stream_anon.service.app"]
+    assert "stream_anon.runtime.supervisor" in graph["stream_anon.runtime.run"]
+
+
+def test_every_package_is_in_a_layer() -> None:
+    unplaced = sorted({package_of(m) for m in MODULES} - set(LAYER_OF) - {OUTSIDE})
+    assert not unplaced, f"packages in no layer of LAYERS: {unplaced}"
+
+
+def test_packages_import_only_their_own_layer_or_below() -> None:
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against the layers (tests/test_import_graph.py, LAYERS):\n" + "\n".join(bad)
+
+
+def test_the_layer_rule_finds_each_kind_of_violation() -> None:
+    graph: dict[str, dict[str, tuple[int, bool]]] = {
+        "stream_anon.kafka_io.producer": {"stream_anon.config.settings": (3, False)},  # plumbing -> configuration
+        "stream_anon.side.app": {"stream_anon.service.pipeline": (7, True)},  # side -> service
+        "stream_anon.runtime.demo": {"replay_tools.kafka_replay": (9, False)},  # stream_anon -> replay_tools
+        "stream_anon.service.app": {"stream_anon.kafka_io.clients": (1, False), "stream_anon.service.ledger": (2, False)},
+        "replay_tools.__main__": {"stream_anon.cli.service": (4, False)},
+    }
+    bad = layer_violations(graph)
+    assert len(bad) == 3, bad
+    assert bad[0].startswith("stream_anon.kafka_io.producer:3 imports stream_anon.config.settings: 'config'")
+    assert "replay_tools.kafka_replay: nothing in stream_anon imports replay_tools" in bad[1]
+    assert bad[2].startswith("stream_anon.side.app:7 (in a function) imports stream_anon.service.pipeline: 'side' "
+                             "and 'service' never import each other")
 
 
 def test_no_import_cycles() -> None:
@@ -174,22 +270,21 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle_in(comps[0], graph) == ["a", "b", "c", "a"]
 
 
-# Entry points: the command line, the demo and the benchmarks compose the service; nothing below them imports it.
-ENTRY_POINTS = ("stream_anon.cli.", "stream_anon.bench.", "stream_anon.service.demo", "stream_anon.__main__")
-
-
 @pytest.mark.parametrize("module", ["stream_anon.service.app", "stream_anon.side.app"])
-def test_only_entry_points_import_the_apps(module: str) -> None:
+def test_only_the_runtime_and_the_benchmarks_import_the_apps(module: str) -> None:
     importers = sorted(m for m, edges in import_graph().items() if module in edges)
-    allowed = [m for m in importers if m.startswith(ENTRY_POINTS) or m == "stream_anon.service.supervisor"]
+    allowed = [m for m in importers if package_of(m) in ("runtime", "bench")]
     assert importers == allowed, f"{module} is imported by {sorted(set(importers) - set(allowed))}"
 
 
 def test_pure_layers_import_neither_kafka_nor_prometheus() -> None:
-    """core/ and privacy/ (and the side paths' pure modules) import no Kafka client and no Prometheus."""
-    pure = [m for m in MODULES if m.startswith(("stream_anon.core", "stream_anon.privacy"))]
-    pure += ["stream_anon.side.config", "stream_anon.side.channels", "stream_anon.side.processor",
-             "stream_anon.side.encoding", "stream_anon.service.pipeline"]
+    """The pure layer (core/, privacy/, formats/), the configuration and the side paths' pure modules import no
+    Kafka client and no Prometheus."""
+    pure = [m for m in MODULES if package_of(m) in ("core", "privacy", "formats", "config")]
+    pure += ["stream_anon.side.channels", "stream_anon.side.processor", "stream_anon.side.encoding",
+             "stream_anon.side.decoding", "stream_anon.side.budgets", "stream_anon.service.pipeline",
+             "stream_anon.service.ledger", "stream_anon.service.recovery", "stream_anon.kafka_io.settings",
+             "stream_anon.kafka_io.errors"]
     bad = []
     for m in pure:
         tree = ast.parse(MODULES[m].read_text(encoding="utf-8"))
@@ -197,6 +292,18 @@ def test_pure_layers_import_neither_kafka_nor_prometheus() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             bad += [f"{m}: {n}" for n in names if n.split(".")[0] in ("kafka", "confluent_kafka", "prometheus_client")]
-            bad += [f"{m}: {n}" for n in names if n.startswith("stream_anon.service")
-                    and m.startswith(("stream_anon.core", "stream_anon.privacy", "stream_anon.side"))]
     assert not bad, bad
+
+
+def test_the_configuration_loads_no_kafka_client() -> None:
+    """``stream_anon.config`` imports the Kafka layer's settings module only (no client library): checked on the
+    graph, transitively."""
+    graph = import_graph()
+    seen, todo = set(), [m for m in MODULES if package_of(m) == "config"]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(graph.get(m, {}))
+    assert {m for m in seen if package_of(m) == "kafka_io"} <= {"stream_anon.kafka_io", "stream_anon.kafka_io.settings"}

@@ -24,6 +24,13 @@ from hypothesis import strategies as st
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.schema import SchemaError, adult_schema
+from stream_anon.formats.release import (
+    ROLE_ANON,
+    ROLES,
+    ClassEncoder,
+    EncodedMessage,
+    decode_class_message,
+)
 from stream_anon.service.accounting import LedgerAccounting
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import (
@@ -37,13 +44,6 @@ from stream_anon.service.ledger import (
     ledger_topic,
 )
 from stream_anon.service.recovery import LedgerScan, OutputPresence, outputs_to_resend
-from stream_anon.service.release import (
-    ROLE_ANON,
-    ROLES,
-    ClassEncoder,
-    EncodedMessage,
-    decode_class_message,
-)
 
 TOPIC = "adult.raw"
 LEDGER = ledger_topic(TOPIC)

@@ -31,18 +31,18 @@ import pandas as pd
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replay_tools.kafka_replay import replay_records
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
-from stream_anon.service.app import run_service
+from stream_anon.replay.kafka_replay import replay_records
+from stream_anon.runtime.run import run_service
 from stream_anon.service.audit import (
     OutputSnapshot,
     collect_outputs,
     read_topic_with_headers,
     send_flush_markers,
 )
-from stream_anon.service.config import Config
 from stream_anon.service.linkage import (
     FORBIDDEN_PUBLIC_FIELDS,
     ScannedMessage,

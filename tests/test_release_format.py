@@ -16,14 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_anon.service.linkage import (
-    FORBIDDEN_PUBLIC_FIELDS,
-    ScannedMessage,
-    TokenSearch,
-    forbidden_fields,
-    join_candidates,
-)
-from stream_anon.service.release import (
+from stream_anon.formats.release import (
     PSEUDONYM_HEX_CHARS,
     ClassEncoder,
     EncodedMessage,
@@ -42,6 +35,13 @@ from stream_anon.service.release import (
     resolve_secret,
     safe_text,
     suppressed_message,
+)
+from stream_anon.service.linkage import (
+    FORBIDDEN_PUBLIC_FIELDS,
+    ScannedMessage,
+    TokenSearch,
+    forbidden_fields,
+    join_candidates,
 )
 
 QIS = ["age", "sex"]

@@ -17,10 +17,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from replay_support import write_clinic
 
-from replay_tools.kafka_replay import ensure_topic, read_topic, replay_records
 from stream_anon.core.datasets import iter_adult_records
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.replay.kafka_replay import ensure_topic, read_topic, replay_records
 from stream_anon.service.audit import collect_outputs
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 
 pytestmark = pytest.mark.integration
 

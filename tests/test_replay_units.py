@@ -14,9 +14,12 @@ import pytest
 from kafka.errors import KafkaConnectionError
 from replay_support import write_clinic
 
-from replay_tools import kafka_replay
 from replay_tools.__main__ import ReplaySourceError, load_records
-from replay_tools.kafka_replay import (
+from stream_anon.core.schema import Schema
+from stream_anon.formats.decoding import DeadLetter, RecordDecoder
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.replay import kafka_replay
+from stream_anon.replay.kafka_replay import (
     BrokerUnreachableError,
     ReplayInputError,
     ReplayStats,
@@ -25,10 +28,7 @@ from replay_tools.kafka_replay import (
     loop_record_id,
     replay_records,
 )
-from replay_tools.progress import ProgressBar, RateLimiter
-from stream_anon.core.schema import Schema
-from stream_anon.service.broker import free_port
-from stream_anon.service.decoding import DeadLetter, RecordDecoder
+from stream_anon.replay.progress import ProgressBar, RateLimiter
 
 
 def test_loop_record_id_keeps_pass_zero_and_suffixes_later_passes() -> None:

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from replay_tools.synthetic import SyntheticGenerator
 from stream_anon.cli import main as cli_main
 from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.schema import adult_schema
 from stream_anon.privacy import KRandomizedResponse
+from stream_anon.replay.synthetic import SyntheticGenerator
 from stream_anon.report import plots
 from stream_anon.report.analysis import (
     class_sizes,

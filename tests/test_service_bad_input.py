@@ -18,15 +18,15 @@ from prometheus_client import CollectorRegistry
 from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
 
 from stream_anon.cli import main as cli_main
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.formats.decoding import DeadLetter, RecordDecoder
+from stream_anon.formats.release import keyed_hash
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, partition_ends, send_flush_markers
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import DeadLetter, RecordDecoder
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.release import keyed_hash
 
 
 def service_config(bs: str, prefix: str, **extra: object) -> Config:

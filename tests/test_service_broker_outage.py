@@ -34,12 +34,12 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replay_tools.kafka_replay import ensure_topic, replay_records
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.replay.kafka_replay import ensure_topic, replay_records
 from stream_anon.service.audit import collect_outputs, send_flush_markers
-from stream_anon.service.broker import EmbeddedBroker
 
 K, DELTA, PARTITIONS = 10, 1000, 2
 PHASE1_RECORDS = 15_000  # replayed while the service consumes (two outages)

@@ -29,12 +29,12 @@ import pytest
 from durable_broker import child_env, read_topic, topic_info
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replay_tools.kafka_replay import replay_records
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, send_flush_markers
-from stream_anon.service.broker import EmbeddedBroker
 from stream_anon.service.broker_guard import EXIT_DATA_LOSS
 
 K, DELTA, PARTITIONS = 10, 1000, 2

@@ -31,10 +31,7 @@ from stream_anon.cli.service import (
     config_from_args,
     embedded_broker_defaults,
 )
-from stream_anon.core.datasets import DatasetError, read_adult_for_replay
-from stream_anon.core.schema import adult_schema
-from stream_anon.service.audit import collect_outputs
-from stream_anon.service.config import (
+from stream_anon.config.settings import (
     Config,
     ConfigError,
     TopicSettings,
@@ -42,7 +39,10 @@ from stream_anon.service.config import (
     env_to_option,
     option_names,
 )
-from stream_anon.side.config import SideTopics
+from stream_anon.config.side_paths import SideTopics
+from stream_anon.core.datasets import DatasetError, read_adult_for_replay
+from stream_anon.core.schema import adult_schema
+from stream_anon.service.audit import collect_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from replay_tools.kafka_replay import replay_records
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, send_flush_markers
 
 K, DELTA, PARTITIONS = 10, 1000, 2

@@ -15,7 +15,7 @@ import pytest
 
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import meta_path, read_release_meta, verify_release_file
-from stream_anon.service.broker import free_port
+from stream_anon.kafka_io.broker import free_port
 
 
 @pytest.mark.integration

@@ -26,11 +26,15 @@ from faulty_engines import NarrowingEngine, RaisingEngine, SplitClassesEngine  #
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.engine import Engine
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.formats.decoding import CONTROL_HEADER
+from stream_anon.formats.release import decode_class_message
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import (
     OutputSnapshot,
@@ -39,10 +43,6 @@ from stream_anon.service.audit import (
     read_topic_with_headers,
     send_flush_markers,
 )
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_HEADER
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.release import decode_class_message
 from stream_anon.service.wiring import load_schema
 
 K = 5

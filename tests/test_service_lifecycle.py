@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from replay_tools.kafka_replay import replay_records
 from stream_anon.core.datasets import iter_adult_records
-from stream_anon.service.broker import EmbeddedBroker
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.replay.kafka_replay import replay_records
 
 STOP_BOUND_SECONDS = 30.0
 """Documented bound for a stop on a loaded 2-core machine (measured: under 10 s; docs/service.md)."""

@@ -18,12 +18,13 @@ from kafka.errors import KafkaTimeoutError
 from prometheus_client import CollectorRegistry
 from test_service_broker_outage import BACK, OUTAGE  # type: ignore[import-not-found]
 
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.kafka_io.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.service.app import MainPath
-from stream_anon.service.broker import free_port
-from stream_anon.service.config import Config
-from stream_anon.service.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
 from stream_anon.service.liveness import LoopHeartbeat
-from stream_anon.service.metrics import ServiceMetrics, serve_metrics
 
 
 def test_stop_clock_gives_up_only_after_the_grace() -> None:

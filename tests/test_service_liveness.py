@@ -27,8 +27,8 @@ import yaml
 from deploy_support import RULES_YML, require_tool
 from test_service_lifecycle import adult_records, alive, cmdline, descendants, wait_for
 
-from replay_tools.kafka_replay import replay_records
-from stream_anon.service.broker import free_port
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.liveness import LAG_INTERVAL_SECONDS
 
 STALL_SECONDS = 3.0  # service.healthz_stall_seconds in the test

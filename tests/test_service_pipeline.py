@@ -25,14 +25,14 @@ from stream_anon.core.engine import Engine, EngineConfig
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, RecordDecoder
+from stream_anon.formats.release import ClassEncoder, decode_class_message, decode_dead_letter, keyed_hash
 from stream_anon.service.accounting import LedgerAccounting
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, RecordDecoder
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import EntryFactory, LedgerEntry, LedgerRecord
 from stream_anon.service.linkage import forbidden_fields
 from stream_anon.service.pipeline import InputMessage, PartitionPipeline, PipelineSettings, last_line
 from stream_anon.service.recovery import LedgerScan
-from stream_anon.service.release import ClassEncoder, decode_class_message, decode_dead_letter, keyed_hash
 
 K, DELTA = 5, 60
 TOPIC = "adult.raw"

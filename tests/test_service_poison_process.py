@@ -28,8 +28,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.service.audit import collect_outputs
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

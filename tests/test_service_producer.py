@@ -12,11 +12,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from producer_support import MemoryTransport, Refused
 
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import BrokerUnavailableError, ProducerFatalError, ProducerStuckError
-from stream_anon.service.pipeline import OutputMessage
-from stream_anon.service.producer import (
-    PRODUCER_CLIENTS,
+from stream_anon.config.settings import Config
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.kafka_io.errors import BrokerUnavailableError, ProducerFatalError, ProducerStuckError
+from stream_anon.kafka_io.producer import (
     ConfluentTransport,
     KafkaPythonTransport,
     OutgoingBatch,
@@ -25,8 +24,9 @@ from stream_anon.service.producer import (
     librdkafka_config,
     open_producer,
 )
+from stream_anon.kafka_io.settings import PRODUCER_CLIENTS
 
-FAST = Config.load(env={}, overrides={"kafka.retry_backoff_max_seconds": 0.01, "kafka.request_timeout_ms": 1000})
+FAST = Config.load(env={}, overrides={"kafka.retry_backoff_max_seconds": 0.01, "kafka.request_timeout_ms": 1000}).kafka
 
 
 def test_only_the_failed_messages_are_resent_in_order_and_counted_once_per_batch() -> None:
@@ -173,12 +173,12 @@ def test_librdkafka_options_carry_the_security_settings() -> None:
         "kafka.bootstrap_servers": "h:9093", "kafka.security_protocol": "SASL_SSL", "kafka.sasl_mechanism": "PLAIN",
         "kafka.sasl_plain_username": "u", "kafka.sasl_plain_password": "p", "kafka.ssl_cafile": "/ca.pem",
         "kafka.ssl_check_hostname": False, "kafka.compression_type": "zstd"})
-    conf = librdkafka_config(cfg)
+    conf = librdkafka_config(cfg.kafka)
     assert conf["acks"] == "all" and conf["enable.idempotence"] is True
     assert conf["security.protocol"] == "sasl_ssl" and conf["sasl.mechanism"] == "PLAIN"
     assert conf["sasl.username"] == "u" and conf["sasl.password"] == "p" and conf["ssl.ca.location"] == "/ca.pem"
     assert conf["ssl.endpoint.identification.algorithm"] == "none" and conf["compression.type"] == "zstd"
-    no_idem = librdkafka_config(cfg.with_options({"kafka.enable_idempotence": False}))
+    no_idem = librdkafka_config(cfg.with_options({"kafka.enable_idempotence": False}).kafka)
     assert no_idem["max.in.flight.requests.per.connection"] == 1  # order kept across retries
 
 
@@ -192,7 +192,7 @@ def test_idempotent_producer_with_acks_all_on_tansu_reports_every_offset(broker:
     cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
                                          "kafka.producer_client": client})
     topic = f"idem{uuid.uuid4().hex[:6]}"
-    producer = open_producer(cfg)
+    producer = open_producer(cfg.kafka)
     try:
         t = producer.transport
         if isinstance(t, ConfluentTransport):

@@ -24,16 +24,17 @@ from kafka.errors import FencedInstanceIdError
 from producer_support import Fault, UnconfirmingTransport
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io import producer as producer_module
+from stream_anon.kafka_io.reader import PartitionReader
+from stream_anon.kafka_io.settings import KafkaSettings
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service import app as app_module
-from stream_anon.service import producer as producer_module
 from stream_anon.service.app import PRODUCER_RECREATIONS_MAX, MainPath
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, partition_ends, send_flush_markers
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import PartitionReader
-from stream_anon.service.metrics import ServiceMetrics
 
 K, N = 5, 3000
 
@@ -63,8 +64,8 @@ def patch_clients(monkeypatch: pytest.MonkeyPatch, fault: Fault) -> list[Unconfi
     made: list[UnconfirmingTransport] = []
     real = producer_module.make_transport
 
-    def make(cfg: Config) -> Any:
-        t = UnconfirmingTransport(real(cfg), fault)
+    def make(kafka: KafkaSettings) -> Any:
+        t = UnconfirmingTransport(real(kafka), fault)
         made.append(t)
         return t
 
@@ -252,7 +253,7 @@ def test_the_recovery_readers_end_of_a_partition_is_fresh_on_every_call(broker: 
     bs = broker.bootstrap_servers
     topic = f"fresh{uuid.uuid4().hex[:6]}"
     producer = KafkaProducer(bootstrap_servers=bs)
-    reader = PartitionReader(Config.load(env={}, overrides={"kafka.bootstrap_servers": bs}))
+    reader = PartitionReader(Config.load(env={}, overrides={"kafka.bootstrap_servers": bs}).kafka)
     try:
         for expected in (10, 20, 30):
             for _ in range(10):

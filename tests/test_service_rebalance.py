@@ -15,14 +15,14 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ensure_topic
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, send_flush_markers
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import ServiceMetrics
 
 K = 5
 

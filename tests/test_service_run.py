@@ -21,12 +21,13 @@ import pytest
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry, Histogram
 
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records
-from stream_anon.service.app import MainPath, start_metrics
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.metrics.definitions import BulkHistogram, ServiceMetrics
+from stream_anon.runtime.run import start_metrics
+from stream_anon.service.app import MainPath
 from stream_anon.service.audit import send_flush_markers
-from stream_anon.service.broker import free_port
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import BulkHistogram, ServiceMetrics
 
 
 def _port_open(port: int) -> bool:

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.supervisor import SidePaths
+from stream_anon.config.settings import Config
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.runtime.supervisor import SidePaths
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +66,9 @@ def test_side_process_reports_and_stops_when_asked(broker: Any) -> None:
 PARENT = textwrap.dedent("""
     import sys, threading, time
     from prometheus_client import CollectorRegistry
-    from stream_anon.service.config import Config
-    from stream_anon.service.metrics import ServiceMetrics
-    from stream_anon.service.supervisor import SidePaths
+    from stream_anon.config.settings import Config
+    from stream_anon.metrics.definitions import ServiceMetrics
+    from stream_anon.runtime.supervisor import SidePaths
 
     if __name__ == "__main__":
         cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": sys.argv[1], "service.side_metrics_port": 0,

@@ -17,16 +17,16 @@ from kafka.errors import KafkaError
 from producer_support import MemoryTransport
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.pipeline import OutputMessage
-from stream_anon.service.producer import OutputProducer
-from stream_anon.service.release import decode_dead_letter, keyed_hash, record_pseudonym
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.formats.release import decode_dead_letter, keyed_hash, record_pseudonym
+from stream_anon.kafka_io.producer import OutputProducer
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.app import SidePathApp
 from stream_anon.side.budget_store import BudgetTopic
-from stream_anon.side.config import KMeansConfig, SidePathConfig
 
 SECRET = "side-app-test-secret-0123456789abcdef"
 
@@ -65,7 +65,7 @@ class Producer(OutputProducer):
 
     def __init__(self, cfg: Config) -> None:
         self.memory = MemoryTransport(partitions=1)
-        super().__init__(cfg, transport_factory=lambda: self.memory)
+        super().__init__(cfg.kafka, transport_factory=lambda: self.memory)
 
     @property
     def sent(self) -> list[OutputMessage]:

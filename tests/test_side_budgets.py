@@ -15,13 +15,13 @@ from kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 from test_side_app import Consumer, MemoryStore, Producer, SidePathApp, make_app, messages
 
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import KMeansConfig, PersonBudgetConfig, SidePathConfig, SideTopics
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import Schema, adult_schema
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.release import Pseudonymizer
+from stream_anon.formats.release import Pseudonymizer
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.budgets import DELTA_SLOTS, SideBudgets, SideStateError
-from stream_anon.side.config import KMeansConfig, PersonBudgetConfig, SidePathConfig, SideTopics
 from stream_anon.side.processor import SKIP_BAD_PERSON_ID, SKIP_PERSON_BUDGET, SidePathProcessor
 
 SECRET = b"side-budget-test-secret-01234567"

@@ -9,7 +9,7 @@ from collections import Counter
 from fuzz_support import malformed_messages  # type: ignore[import-not-found]
 
 from stream_anon.core.schema import adult_schema
-from stream_anon.service.decoding import DeadLetter, RecordDecoder
+from stream_anon.formats.decoding import DeadLetter, RecordDecoder
 from stream_anon.side.decoding import SideDecoder
 
 GOOD = {"id": "r1", "age": 39, "workclass": "State-gov", "fnlwgt": 77516, "education": "Bachelors",

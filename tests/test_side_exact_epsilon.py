@@ -36,14 +36,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stream_anon.config.side_paths import (
+    BLapConfig,
+    KMeansConfig,
+    KRRConfig,
+    RSConfig,
+    SidePathConfig,
+    SideTopics,
+)
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import adult_schema
+from stream_anon.formats.release import Pseudonymizer
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution
-from stream_anon.service.release import Pseudonymizer
 from stream_anon.side.channels import CategoricalChannel, NumericChannel
-from stream_anon.side.config import BLapConfig, KMeansConfig, KRRConfig, RSConfig, SidePathConfig, SideTopics
 from stream_anon.side.processor import SidePathProcessor
 
 getcontext().prec = 40

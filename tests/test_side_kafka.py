@@ -17,15 +17,15 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import KMeansConfig, SidePathConfig, budget_topic
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import adult_schema
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.release import record_pseudonym
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.formats.release import record_pseudonym
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.app import SideStatus, run_side_paths, side_group_id
 from stream_anon.side.budget_store import BudgetTopic
-from stream_anon.side.config import KMeansConfig, SidePathConfig, budget_topic
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,12 @@ from kafka import TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from test_side_app import Consumer, Msg, make_app, messages
 
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
-from stream_anon.service.broker import free_port
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.supervisor import SidePaths
-from stream_anon.side.config import KMeansConfig, SidePathConfig
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.runtime.supervisor import SidePaths
 from stream_anon.side.metrics import side_registry
 
 MAIN_ONLY = ("stream_anon_gt_loss", "stream_anon_k ", "stream_anon_delay_bound_arrivals",

@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 
 from stream_anon.bench.side import benchmark
-from stream_anon.core.datasets import iter_records, read_adult
-from stream_anon.core.schema import adult_schema
-from stream_anon.privacy.accounting import exact_epsilon
-from stream_anon.privacy.bounded_laplace import BoundedLaplace
-from stream_anon.privacy.dp_kmeans import nicv
-from stream_anon.privacy.randomized_response import KRandomizedResponse
-from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, no_repeat_epsilon
-from stream_anon.service.config import Config
-from stream_anon.service.release import Pseudonymizer, record_pseudonym
-from stream_anon.side.config import (
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import (
     BLapConfig,
     KMeansConfig,
     KRRConfig,
@@ -32,6 +24,14 @@ from stream_anon.side.config import (
     SideTopics,
     upper_sum,
 )
+from stream_anon.core.datasets import iter_records, read_adult
+from stream_anon.core.schema import adult_schema
+from stream_anon.formats.release import Pseudonymizer, record_pseudonym
+from stream_anon.privacy.accounting import exact_epsilon
+from stream_anon.privacy.bounded_laplace import BoundedLaplace
+from stream_anon.privacy.dp_kmeans import nicv
+from stream_anon.privacy.randomized_response import KRandomizedResponse
+from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, no_repeat_epsilon
 from stream_anon.side.processor import SidePathProcessor
 
 TOPICS = SideTopics()

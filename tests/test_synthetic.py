@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from replay_tools.synthetic import (
+from stream_anon.core.datasets import read_adult
+from stream_anon.core.schema import adult_schema
+from stream_anon.replay.synthetic import (
     ADULT_MARGINALS_PATH,
     AttributeMarginal,
     Marginals,
@@ -18,8 +20,6 @@ from replay_tools.synthetic import (
     adult_marginals,
     synthetic_adult_records,
 )
-from stream_anon.core.datasets import read_adult
-from stream_anon.core.schema import adult_schema
 
 N = 40_000
 

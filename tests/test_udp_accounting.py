@@ -25,8 +25,8 @@ from replay_tools.bridge_metrics import (
     scrape_bridge_counters,
     wait_for_stream_loss,
 )
-from replay_tools.udp_sender import UdpSendStats, eos_datagram, record_datagram, send_udp
-from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.replay.udp_sender import UdpSendStats, eos_datagram, record_datagram, send_udp
 from stream_anon.service.udp_bridge import NullSink, SequenceTracker, UdpBridge, free_udp_port, parse_listen
 
 

@@ -13,12 +13,13 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ensure_topic, read_topic
-from replay_tools.udp_bench import format_table, udp_loss_bench
-from replay_tools.udp_sender import send_udp
+from stream_anon.bench.udp_loss import format_table, udp_loss_bench
 from stream_anon.core.datasets import iter_adult_records
-from stream_anon.service.broker import free_port
-from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.kafka_io.broker import free_port
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.endpoint import serve_metrics
+from stream_anon.replay.kafka_replay import ensure_topic, read_topic
+from stream_anon.replay.udp_sender import send_udp
 from stream_anon.service.udp_bridge import KafkaSink, NullSink, UdpBridge, free_udp_port
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
-"""``stream-anon bench decoder``: :class:`~stream_anon.service.decoding.RecordDecoder` on valid ADULT messages.
+"""``stream-anon bench decoder``: :class:`~stream_anon.formats.decoding.RecordDecoder` on valid ADULT messages.
 
-The message values are the exact bytes the replay tools send (``replay_tools.kafka_replay.encode_record``:
+The message values are the exact bytes the replay tools send (``stream_anon.replay.kafka_replay.encode_record``:
 compact UTF-8 JSON, one object per record).  Each repeat decodes every message once (bytes -> validated
 record); prints records/s (wall) and records per CPU second of the best repeat, and the median.
 """
@@ -13,10 +13,10 @@ import statistics
 import sys
 import time
 
-from replay_tools.kafka_replay import encode_record
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import adult_schema
-from stream_anon.service.decoding import DeadLetter, RecordDecoder
+from stream_anon.formats.decoding import DeadLetter, RecordDecoder
+from stream_anon.replay.kafka_replay import encode_record
 
 
 def time_decode(decoder: RecordDecoder, values: list[bytes | None]) -> tuple[float, float, int]:

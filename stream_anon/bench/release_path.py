@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.engine import DEFAULT_ZETA, Engine, EngineConfig, Release
 from stream_anon.core.schema import Schema, adult_schema
-from stream_anon.service.config import Config
+from stream_anon.formats.release import ClassEncoder
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import EntryFactory
-from stream_anon.service.release import ClassEncoder
 from stream_anon.service.wiring import (
     load_schema,
     make_engine_factory,

@@ -32,14 +32,14 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ensure_topic
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import resolve_adult_path
 from stream_anon.core.schema import adult_schema
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
-from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.config import Config
-from stream_anon.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 

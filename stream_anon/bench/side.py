@@ -8,7 +8,7 @@
   pseudonyms) and, for their cost, with numpy's PCG64 instead of ChaCha20 and without pseudonyms (copies
   shuffled instead); then the estimate-error table of the final estimates (truth tracker on);
 * **raw send floor** per producer transport (and per ``--linger-ms`` / ``--batch-size`` / ``--partitions``):
-  one :class:`~stream_anon.service.producer.OutputProducer` sending a real pre-encoded ``adult.krr`` copy 3 x 32,561
+  one :class:`~stream_anon.kafka_io.producer.OutputProducer` sending a real pre-encoded ``adult.krr`` copy 3 x 32,561
   times (distinct keys, header ``kind``) until all are acknowledged (``acks=all``, idempotent); messages/s and the
   equivalent records/s at 3 copies per record;
 * **end to end** per transport: all ADULT records produced to a fresh input topic (+ end-of-stream controls), then
@@ -37,16 +37,17 @@ import numpy as np
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ensure_topic
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
-from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.producer import PRODUCER_CLIENTS, open_producer
-from stream_anon.service.release import Pseudonymizer
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.formats.release import Pseudonymizer
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.kafka_io.producer import open_producer
+from stream_anon.kafka_io.settings import PRODUCER_CLIENTS
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.side.app import SideStatus, run_side_paths
-from stream_anon.side.config import KMeansConfig, SidePathConfig
 from stream_anon.side.processor import SidePathProcessor
 
 KRR_COPY = (b'{"id":"3f0b5c2e9d41a8f7c6e5d4b3a2918070","mechanism":"krr","values":{"sex":"Male","race":"White",'
@@ -156,7 +157,7 @@ def raw_send_floor(bootstrap: str, n_messages: int, *, transport: str, linger_ms
     keys: list[bytes | None] = [f"adult-{i:05d}".encode() for i in range(n_messages)]
     values = [KRR_COPY] * n_messages
     headers = [("kind", b"krr")]
-    producer = open_producer(cfg, label="side")
+    producer = open_producer(cfg.kafka, label="side")
     try:
         for p in range(partitions):
             producer.partition_for(topic, p)  # topic metadata before the clock starts

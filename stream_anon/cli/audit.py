@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from stream_anon.cli.service import add_config_flags, config_from_args
+from stream_anon.config.settings import ConfigError
 from stream_anon.service.audit import audit_lines, collect_outputs, partition_ends
-from stream_anon.service.config import ConfigError
 
 
 def register(sub: Any) -> None:

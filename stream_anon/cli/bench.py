@@ -13,7 +13,7 @@ BENCHES: dict[str, str] = {
     "ldp-categorical": "stream_anon.bench.ldp_categorical",  # k-RR, random substitution, l-extended tables
     "ldp-numeric": "stream_anon.bench.ldp_numeric",      # bounded Laplace speed, eps selection, DP k-means
     "service": "stream_anon.bench.service",             # end-to-end throughput through the real broker
-    "udp-loss": "replay_tools.udp_bench",               # UDP loss on loopback at several rates
+    "udp-loss": "stream_anon.bench.udp_loss",           # UDP loss on loopback at several rates
     "side": "stream_anon.bench.side",                   # LDP side paths: pure, raw send floor, end to end
     "side-kafka": "stream_anon.bench.side",             # the same (its former name)
     "release-path": "stream_anon.bench.release_path",   # pre-publish gate / ledger cost, CASTLE reuse on ADULT

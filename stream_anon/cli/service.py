@@ -1,7 +1,7 @@
 """``stream-anon run`` (the service) and ``stream-anon demo`` (embedded broker + service + ADULT replay).
 
 Operator mistakes stop both commands before anything starts (no broker, no process, no thread), with one line
-on stderr naming the option or file and exit code 2: invalid options (:class:`~stream_anon.service.config.Config`
+on stderr naming the option or file and exit code 2: invalid options (:class:`~stream_anon.config.settings.Config`
 validates them at load), a metrics port already in use or an address that is not this machine's
 (:func:`preflight`), topic names Kafka refuses, Kafka security options the client libraries would refuse with a
 traceback, a missing, malformed or short ADULT file (``demo``; the message says whether the path came from
@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from stream_anon.cli.arguments import one_line_errors
-from stream_anon.service.config import Config, ConfigError, env_name
-from stream_anon.service.metrics import MetricsEndpointError, check_metrics_endpoint
+from stream_anon.config.settings import Config, ConfigError, env_name
+from stream_anon.metrics.endpoint import MetricsEndpointError, check_metrics_endpoint
 
 # flag -> dotted option (every option is also reachable with --set section.field=value)
 COMMON_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -286,7 +286,7 @@ def _install_signals(stop: threading.Event) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stream_anon.service.app import run_service  # the service's clients: imported when the command runs
+    from stream_anon.runtime.run import run_service  # the service's clients: imported when the command runs
 
     try:
         cfg = config_from_args(args, prog="stream-anon run")
@@ -304,7 +304,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from stream_anon.core.datasets import DatasetError  # pandas: imported when the command runs
-    from stream_anon.service.demo import run_demo  # the service's clients: imported when the command runs
+    from stream_anon.runtime.demo import run_demo  # the service's clients: imported when the command runs
 
     try:
         cfg = config_from_args(args, prog="stream-anon demo")

@@ -13,10 +13,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ensure_topic
 from stream_anon.cli.service import bootstrap_servers_from_env
-from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.metrics import MetricsEndpointError, ServiceMetrics, serve_metrics
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.endpoint import MetricsEndpointError, serve_metrics
+from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.udp_bridge import (
     DEFAULT_WINDOW,
     KafkaSink,

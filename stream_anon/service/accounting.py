@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_anon.formats.release import ROLES, message_digest
 from stream_anon.service.ledger import (
     KIND_CLASS,
     KIND_DLQ,
@@ -19,7 +20,6 @@ from stream_anon.service.ledger import (
     LedgerRecord,
     decode_ledger_value,
 )
-from stream_anon.service.release import ROLES, message_digest
 
 
 @dataclass

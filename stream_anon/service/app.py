@@ -49,36 +49,25 @@ from kafka.errors import CorruptRecordError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
-from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError, BrokerGuard
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import (
-    BrokerUnavailableError,
-    MessageRejectedError,
-    PartitionReader,
-    ProducerFatalError,
-    backoff_delays,
-    connect_admin,
-    ensure_topics,
-    make_consumer,
-    retry,
-)
-from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
-from stream_anon.service.lifecycle import (
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.formats.release import EncodedMessage
+from stream_anon.kafka_io.clients import backoff_delays, connect_admin, ensure_topics, make_consumer, retry
+from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
+from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     StopClock,
-    quiet_closing_clients,
 )
+from stream_anon.kafka_io.producer import OutputProducer, Receipt, open_producer
+from stream_anon.kafka_io.reader import PartitionReader
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError, BrokerGuard
+from stream_anon.service.ledger import LedgerEntry, LedgerRecord, PartitionOutbox, RecoveryPlan
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
-from stream_anon.service.metrics import ServiceMetrics, serve_metrics
-from stream_anon.service.pipeline import OutputMessage
-from stream_anon.service.producer import OutputProducer, Receipt, open_producer
 from stream_anon.service.recovery import LedgerScan, OutputPresence, outputs_to_resend
-from stream_anon.service.release import EncodedMessage
-from stream_anon.service.supervisor import SidePaths
 from stream_anon.service.wiring import (
     load_schema,
     make_engine_factory,
@@ -279,8 +268,9 @@ class MainPath:
         for line in cfg.release_options().startup_warnings(secret_generated=self.secret_generated):
             log.warning("%s", line)
         try:
-            admin = connect_admin(cfg, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
-            counts = retry("create topics", lambda: ensure_topics(admin, cfg), cfg, stop=stop)
+            admin = connect_admin(cfg.kafka, on_retry=self.metrics.broker_reconnects.inc, stop=stop)
+            counts = retry("create topics", lambda: ensure_topics(admin, cfg.topics.service_topics(), cfg.topics.layout()),
+                           cfg.kafka, stop=stop)
             admin.close()
             if self.ledger_topic not in counts:
                 log.error("topics.ledger: topic %s does not exist and topics.create is false: create it (compacted, "
@@ -288,12 +278,13 @@ class MainPath:
                 return 2
             self._counts = counts
             self._guard = BrokerGuard(cfg, [cfg.topics.input, self.ledger_topic, *self._role_topic.values()])
-            retry("topic metadata", self._guard.start, cfg, stop=stop)
+            retry("topic metadata", self._guard.start, cfg.kafka, stop=stop)
             self._open_producers()
-            self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=cfg.kafka.group_id), cfg, stop=stop)
-            reader_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(
-                cfg.kafka, request_timeout_ms=min(cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)))
-            self._reader = retry("recovery reader", lambda: PartitionReader(reader_cfg), cfg, stop=stop)
+            self._consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=cfg.kafka.group_id), cfg.kafka,
+                                   stop=stop)
+            reader_kafka = dataclasses.replace(
+                cfg.kafka, request_timeout_ms=min(cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
+            self._reader = retry("recovery reader", lambda: PartitionReader(reader_kafka), cfg.kafka, stop=stop)
         except BrokerUnavailableError as e:
             log.error("%s", e)
             return 3
@@ -340,9 +331,8 @@ class MainPath:
         on_error: Callable[[str], None] = lambda t: self.metrics.produce_errors.labels(topic=t).inc()  # noqa: E731
         opts: dict[str, Any] = dict(partition_counts=self._counts, stop=self._stop_clock.give_up, on_error=on_error,
                                     stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=self._check_data)
-        self._producer = open_producer(cfg, **opts)
-        ledger_cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, linger_ms=0))
-        self._ledger = open_producer(ledger_cfg, label="ledger", **opts)
+        self._producer = open_producer(cfg.kafka, **opts)
+        self._ledger = open_producer(dataclasses.replace(cfg.kafka, linger_ms=0), label="ledger", **opts)
 
     def _run_recovering(self) -> None:
         """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger
@@ -600,7 +590,7 @@ class MainPath:
     def _retry_mid_run(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
-        return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0)
+        return retry(what, fn, self.cfg.kafka, stop=self.stop_event.is_set, limit_seconds=0)
 
     # ------------------------------------------------------------------ input
     def _submit(self, partition: int, recs: Sequence[Any], now: float) -> bool:
@@ -751,8 +741,13 @@ class MainPath:
         lp = self._ledger.partition_for(topic, partition)
         chunk = self.cfg.service.readback_chunk
         group = self.cfg.kafka.group_id
-        scan = self._retry_mid_run(f"partition {partition}: ledger scan", lambda: reader.scan_ledger(
-            topic, lp, LedgerScan(self.cfg.topics.input, partition, committed, group=group), chunk))
+
+        def read() -> LedgerScan:
+            scan = LedgerScan(self.cfg.topics.input, partition, committed, group=group)
+            reader.read_backward(topic, lp, chunk, lambda recs: scan.add_chunk([LedgerRecord(*r) for r in recs]))
+            return scan
+
+        scan = self._retry_mid_run(f"partition {partition}: ledger scan", read)
         plan = scan.finish()
         if plan.foreign_groups:
             raise LedgerConflictError(
@@ -1035,57 +1030,3 @@ class MainPath:
         log.info("main path stopped: consumed %d, released %d, suppressed %d, dead-lettered %d, skipped %d, "
                  "control %d", t.consumed, t.released, t.suppressed, t.dead_lettered, t.skipped, t.control)
         return ok
-
-
-def start_metrics(cfg: Config, registry: CollectorRegistry, heartbeat: LoopHeartbeat | None = None) -> None:
-    """The metrics endpoint (``/metrics``), with ``/healthz`` answered by ``heartbeat`` when given."""
-    if cfg.service.metrics_port:
-        serve_metrics(registry, cfg.service.metrics_port, cfg.service.metrics_addr,
-                      health=heartbeat.health if heartbeat is not None else None)
-        log.info("metrics on http://%s:%d/metrics%s", cfg.service.metrics_addr, cfg.service.metrics_port,
-                 ", health on /healthz" if heartbeat is not None else "")
-
-
-def _stop_side_on(stop_event: threading.Event, side: SidePaths) -> None:
-    stop_event.wait()
-    side.request_stop()
-
-
-def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
-                registry: CollectorRegistry | None = None) -> int:
-    """``stream-anon run``: the main path (and, when enabled, the side paths: :mod:`stream_anon.service.supervisor`),
-    with an embedded broker when no ``kafka.bootstrap_servers`` is configured.  The release secret is resolved
-    once, here, and handed to every process.  Returns the exit code."""
-    stop_event = stop_event or threading.Event()
-    registry = registry or CollectorRegistry()
-    metrics = ServiceMetrics(registry)
-    quiet_closing_clients()  # a client closing while its network thread reads: no traceback on a clean stop
-    cfg, secret = with_release_secret(cfg)
-    broker: EmbeddedBroker | None = None
-    if not cfg.kafka.bootstrap_servers:
-        broker = EmbeddedBroker().start()
-        cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers})
-        log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
-                 broker.bootstrap_servers)
-    heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
-    try:
-        start_metrics(cfg, registry, heartbeat)
-        side = SidePaths(cfg, metrics, stop_event)
-        # a stop reaches the side-path process at once: both stop in parallel (each bounded), the broker last
-        threading.Thread(target=_stop_side_on, args=(stop_event, side), name="side-stop", daemon=True).start()
-        try:
-            rc = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated,
-                          heartbeat=heartbeat).run()
-        finally:
-            stop_event.set()
-            side.stop()
-            if side.mode == "process":
-                log.info("side-path process stopped")
-        return rc
-    finally:
-        if broker is not None:
-            # every client of this process is closed (a lag-monitor round may still be connecting): their
-            # connection-reset chatter when the broker goes is not an error here
-            logging.getLogger("kafka").setLevel(logging.CRITICAL)
-            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
-            log.info("embedded broker stopped")

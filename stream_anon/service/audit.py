@@ -29,15 +29,15 @@ from typing import Any
 import pandas as pd
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
-from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
-from stream_anon.service.release import (
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.formats.release import (
     PublicClass,
     ReleaseFormatError,
     decode_class_message,
     decode_dead_letter,
 )
+from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
+from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
 
 
 def send_flush_markers(producer: KafkaProducer, topic: str, partitions: Sequence[int]) -> None:

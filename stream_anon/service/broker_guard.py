@@ -28,8 +28,8 @@ from typing import Any
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import client_options
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.clients import client_options
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class BrokerGuard:
         self.floors = OffsetFloors()
 
     def _make_admin(self) -> KafkaAdminClient:
-        opts: dict[str, Any] = {**client_options(self.cfg),
+        opts: dict[str, Any] = {**client_options(self.cfg.kafka),
                                 "request_timeout_ms": min(self.cfg.kafka.request_timeout_ms, GUARD_REQUEST_TIMEOUT_MS)}
         return KafkaAdminClient(**opts, bootstrap_timeout_ms=self.cfg.kafka.connect_timeout_ms)
 

@@ -69,8 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stream_anon.service.gate import GateResult, PrePublishGate
-from stream_anon.service.release import (
+from stream_anon.formats.release import (
     DLQ_PAYLOAD_MODES,
     ROLE_ANON,
     ROLE_DLQ,
@@ -84,6 +83,7 @@ from stream_anon.service.release import (
     release_id,
     suppressed_message,
 )
+from stream_anon.service.gate import GateResult, PrePublishGate
 
 LEDGER_VERSION = 1
 LEDGER_SUFFIX = ".ledger"

@@ -1,7 +1,7 @@
 """Liveness that does not depend on the main loop being alive: its heartbeat, the consumer lag and the progress gauge.
 
 - :class:`LoopHeartbeat`: the main loop ticks it on every iteration; ``/healthz`` on the metrics port
-  (:func:`stream_anon.service.metrics.serve_metrics`) answers 503 once it has not ticked for
+  (:func:`stream_anon.metrics.endpoint.serve_metrics`) answers 503 once it has not ticked for
   ``service.healthz_stall_seconds``.
 - :class:`LagMonitor`: a thread with its own Kafka consumer (no group membership) that, every
   :data:`LAG_INTERVAL_SECONDS`, asks the broker for the highwater of every partition assigned to this member and sets
@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import client_options
-from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.clients import client_options
+from stream_anon.metrics.definitions import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class LagMonitor:
     def _open(self) -> KafkaConsumer:
         if self._consumer is None:
             k = self.cfg.kafka
-            opts = {**client_options(self.cfg), "request_timeout_ms": min(k.request_timeout_ms,
+            opts = {**client_options(self.cfg.kafka), "request_timeout_ms": min(k.request_timeout_ms,
                                                                            MONITOR_REQUEST_TIMEOUT_MS)}
             self._consumer = KafkaConsumer(**opts, group_id=k.group_id, enable_auto_commit=False,
                                            max_partition_fetch_bytes=1024, fetch_max_wait_ms=100)

@@ -7,9 +7,9 @@ a :class:`~stream_anon.service.ledger.LedgerEntry` (built by an :class:`~stream_
 which runs the pre-publish gate and builds the output message each entry promises):
 
 * a valid record is pushed through the engine; each release becomes a ``class`` entry (promising ONE public
-  class message, :mod:`stream_anon.service.release`: atomic, so a class is never published in part) or, when
+  class message, :mod:`stream_anon.formats.release`: atomic, so a class is never published in part) or, when
   the gate refuses the class or the engine suppresses records, a ``suppressed`` entry;
-* a bad message becomes a ``dlq`` entry (the reason from :class:`~stream_anon.service.decoding.RecordDecoder`,
+* a bad message becomes a ``dlq`` entry (the reason from :class:`~stream_anon.formats.decoding.RecordDecoder`,
   or one of :data:`PIPELINE_DLQ_REASONS`);
 * an end-of-stream marker (header ``stream-anon-control: flush`` on a message WITHOUT value) flushes the engine
   and becomes a ``control`` entry, so it is accounted like every other input offset;
@@ -44,19 +44,9 @@ from typing import Any
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.engine.release import Release
 from stream_anon.core.schema import Schema
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
+from stream_anon.formats.release import release_id
 from stream_anon.service.ledger import EntryFactory, LedgerEntry, Timing
-from stream_anon.service.release import release_id
-
-# Header names of the dead letters the side paths still write (stream_anon/side/app.py imports them); the main
-# path's outputs carry no headers.
-H_SRC_TOPIC = "src.topic"
-H_SRC_PARTITION = "src.partition"
-H_SRC_OFFSET = "src.offset"
-H_KIND = "kind"
-H_REASON = "dlq.reason"
-H_ERROR = "dlq.error"
-H_FIELD = "dlq.field"
 
 REASON_INTERNAL_ERROR = "internal_error"
 """A bug threw while handling the message (decoding, engine push, encoding): the exception's last line is in the
@@ -86,20 +76,6 @@ class InputMessage:
     headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp_ms: int | None = None
     corrupt: str | None = None
-
-
-@dataclass(frozen=True)
-class OutputMessage:
-    """One message to produce: ``kind`` names what it is (``ledger``, ``anon``, ``suppressed``, ``dlq``, or a side
-    path's kind), ``topic``, the input partition it derives from (output partition = that mod the topic's
-    partitions), key, value (None: a tombstone) and headers."""
-
-    kind: str
-    topic: str
-    src_partition: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass

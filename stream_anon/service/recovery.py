@@ -4,13 +4,14 @@ protocol in :mod:`stream_anon.service.ledger` (its docstring states the protocol
 :class:`LedgerScan` reads the ledger partition backwards in chunks until a checkpoint proves nothing older is
 needed and plans the start (:class:`RecoveryPlan`); :class:`OutputPresence` holds what the output partitions
 hold after the checkpoint; :func:`outputs_to_resend` names the promised outputs that are missing, in order,
-byte-identical.  The Kafka reads are :class:`stream_anon.service.kafka_io.PartitionReader`'s.
+byte-identical.  The Kafka reads are :class:`stream_anon.kafka_io.reader.PartitionReader`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
     Checkpoint,
     LedgerEntry,
@@ -19,7 +20,6 @@ from stream_anon.service.ledger import (
     RecoveryPlan,
     decode_ledger_value,
 )
-from stream_anon.service.release import EncodedMessage, message_digest
 
 
 class LedgerScan:

@@ -1,6 +1,6 @@
 """UDP ingest bridge: receive one-record datagrams, forward the records to Kafka, account for every sequence number.
 
-Datagram format (written by ``replay_tools.udp_sender``; one UTF-8 JSON object per datagram)::
+Datagram format (written by ``stream_anon.replay.udp_sender``; one UTF-8 JSON object per datagram)::
 
     {"stream": "9f2c41d0", "seq": 0, "record": {"id": "adult-00000", ...}}
     {"stream": "9f2c41d0", "seq": 32561, "eos": true, "count": 32561}
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from kafka import KafkaProducer
 from kafka.producer.future import RecordMetadata
 
-from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.metrics.definitions import ServiceMetrics
 
 log = logging.getLogger(__name__)
 

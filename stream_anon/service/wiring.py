@@ -1,21 +1,21 @@
 """From the configuration to the main path's parts: the schema, one engine per partition, the pipeline settings.
 
 The service loop (:mod:`stream_anon.service.app`), the pipeline workers (:mod:`stream_anon.service.workers`) and
-the side paths build their parts here, from the same validated :class:`~stream_anon.service.config.Config`.
+the side paths build their parts here, from the same validated :class:`~stream_anon.config.settings.Config`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from stream_anon.config.settings import Config
 from stream_anon.core.engine import Engine
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
-from stream_anon.service.config import Config
+from stream_anon.formats.release import ClassEncoder, ReleaseSecret, resolve_secret
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import EntryFactory
 from stream_anon.service.pipeline import PipelineSettings
-from stream_anon.service.release import ClassEncoder, ReleaseSecret, resolve_secret
 
 
 def load_schema(cfg: Config) -> Schema:

@@ -23,11 +23,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Protocol
 
+from stream_anon.config.settings import Config
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
-from stream_anon.service.config import Config
+from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, die_with_parent
 from stream_anon.service.ledger import EntryFactory, LedgerEntry
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, die_with_parent
 from stream_anon.service.pipeline import (
     BatchResult,
     BatchStats,

@@ -1,9 +1,9 @@
 """The side paths' Kafka loop: an independent consumer group on the input topic (a slow side path never delays
 the main path), the pure :class:`~stream_anon.side.processor.SidePathProcessor`, one
-:class:`~stream_anon.service.producer.OutputProducer` and the metrics.
+:class:`~stream_anon.kafka_io.producer.OutputProducer` and the metrics.
 
 Loop: ``poll`` a batch; decode and validate every message with the main path's
-:class:`~stream_anon.service.decoding.RecordDecoder` (same reasons), clipping out-of-domain numeric values into the
+:class:`~stream_anon.formats.decoding.RecordDecoder` (same reasons), clipping out-of-domain numeric values into the
 schema's public domain (``side_paths.out_of_domain: clip``, :class:`~stream_anon.side.decoding.SideDecoder`);
 **commit the batch's offsets first**, then perturb it; if that changed a cumulative budget (the k-means stream
 budget, the per-person cap), **write the budget state to the internal compacted topic and wait for its
@@ -25,7 +25,7 @@ consumed again (seek back), or by the partition's new owner.
 Bad input: the main path already dead-letters every bad input message, so the side path only counts and
 skips them (reason = the main path's DLQ reason), avoiding double DLQ entries; ``side_paths.dead_letter:
 true`` (side paths running without a main path) dead-letters them too, redacted like the main path's
-(:func:`~stream_anon.service.release.dead_letter_message`, ``dlq.payload``).  Control messages (header
+(:func:`~stream_anon.formats.release.dead_letter_message`, ``dlq.payload``).  Control messages (header
 ``stream-anon-control: flush``, end of stream, one per input partition): once every assigned partition's
 latest message is such a control, a final round of estimates is published and a partial k-means window is
 released (if it holds at least ``kmeans.min_partial_window`` records).
@@ -51,33 +51,26 @@ from kafka.errors import CorruptRecordError, KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
+from stream_anon.config.settings import Config
+from stream_anon.config.side_paths import SidePathConfigError, budget_topic
 from stream_anon.core.schema import Schema
-from stream_anon.service.config import Config
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter
-from stream_anon.service.kafka_io import (
-    BrokerUnavailableError,
-    MessageRejectedError,
-    PartitionReader,
-    ProducerFatalError,
-    connect_admin,
-    ensure_topics,
-    make_consumer,
-    retry,
-)
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, StopClock
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.pipeline import H_KIND, OutputMessage
-from stream_anon.service.producer import OutputProducer, open_producer
-from stream_anon.service.release import (
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter
+from stream_anon.formats.messages import H_KIND, OutputMessage
+from stream_anon.formats.release import (
     Pseudonymizer,
     ReleaseOptions,
     ReleaseSecret,
     dead_letter_message,
     resolve_secret,
 )
+from stream_anon.kafka_io.clients import connect_admin, ensure_topics, make_consumer, retry
+from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
+from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, StopClock
+from stream_anon.kafka_io.producer import OutputProducer, open_producer
+from stream_anon.kafka_io.reader import PartitionReader
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
 from stream_anon.side.budgets import SideStateError
-from stream_anon.side.config import SidePathConfigError, budget_topic
 from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
@@ -211,28 +204,30 @@ class SidePathApp:
         for line in self.startup_warnings():
             log.warning("side paths: %s", line)
         try:
-            admin = connect_admin(cfg, on_retry=self.metrics.reconnect, stop=stop)
+            admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)
             t = self.topics
             # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
             wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
-            counts = retry("create side topics", lambda: ensure_topics(admin, cfg, wanted), cfg, stop=stop)
+            layout = cfg.topics.layout()
+            counts = retry("create side topics", lambda: ensure_topics(admin, wanted, layout), cfg.kafka, stop=stop)
             topic = self.budget_topic
             if topic is not None:
                 try:
-                    retry("create the budget topic", lambda: topic.ensure(admin), cfg, stop=stop)
+                    retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
                 except BudgetTopicError as e:
                     admin.close()
                     return self._failed_start(f"not started: {e}", 2)
             admin.close()
             # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
-            self._producer = open_producer(cfg, partition_counts=counts, on_error=self.metrics.produce_error,
+            self._producer = open_producer(cfg.kafka, partition_counts=counts, on_error=self.metrics.produce_error,
                                            stop=StopClock(self.stop_event).give_up, label="side")
             store = self.budget_store
             if store is not None:
-                rc = self.restore_budgets(store, lambda: retry("read the budget state", store.load, cfg, stop=stop))
+                rc = self.restore_budgets(store, lambda: retry("read the budget state", store.load, cfg.kafka, stop=stop))
                 if rc:
                     return rc
-            self._consumer = retry("consumer", lambda: make_consumer(cfg, group_id=self.group_id), cfg, stop=stop)
+            self._consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka,
+                                   stop=stop)
         except BrokerUnavailableError as e:
             return self._failed_start(str(e), 3)
         except Exception as e:  # a thread's top: never die silently (the main path goes on without side paths)
@@ -317,7 +312,7 @@ class SidePathApp:
         is found, re-raise (the side paths stop with the error)."""
         consumer = self._consumer
         assert consumer is not None
-        reader = PartitionReader(self.cfg)
+        reader = PartitionReader(self.cfg.kafka)
         found = False
         try:
             for tp in sorted(consumer.assignment()):

@@ -22,10 +22,10 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
 
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import client_options
-from stream_anon.service.pipeline import OutputMessage
-from stream_anon.service.producer import OutputProducer
+from stream_anon.config.settings import Config
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.producer import OutputProducer
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class BudgetTopic:
 
     def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
         """key -> latest value (tombstones drop their key) of the whole partition."""
-        consumer = KafkaConsumer(**client_options(self.cfg), group_id=None, enable_auto_commit=False,
+        consumer = KafkaConsumer(**client_options(self.cfg.kafka), group_id=None, enable_auto_commit=False,
                                  auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
                                  fetch_max_wait_ms=20)
         tp = TopicPartition(self.topic, 0)

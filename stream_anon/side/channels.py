@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from stream_anon.config.side_paths import CategoricalPlan, NumericPlan, SidePathConfigError
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.frequency import CategoryCodec, FrequencyEstimate
-from stream_anon.side.config import CategoricalPlan, NumericPlan, SidePathConfigError
 
 
 class CategoricalChannel:

@@ -1,4 +1,4 @@
-"""The side paths' input decoder: the main path's :class:`~stream_anon.service.decoding.RecordDecoder`, plus
+"""The side paths' input decoder: the main path's :class:`~stream_anon.formats.decoding.RecordDecoder`, plus
 clipping of out-of-domain numeric values (pure: no Kafka, no metrics).
 
 The main path dead-letters a record with a numeric value outside the schema's public domain (reason
@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from stream_anon.core.schema import Kind, Schema, SchemaError
-from stream_anon.service.decoding import DeadLetter, RecordDecoder
+from stream_anon.formats.decoding import DeadLetter, RecordDecoder
 
 Decoded = tuple[dict[str, Any] | DeadLetter, tuple[str, ...]]
 """A validated record (or why not) and the attributes whose values were clipped."""

@@ -1,6 +1,6 @@
 """The side paths' metrics: the only side-path code that touches Prometheus.
 
-The metrics themselves are defined once, with the service's, in :class:`stream_anon.service.metrics.ServiceMetrics`;
+The metrics themselves are defined once, with the service's, in :class:`stream_anon.metrics.definitions.ServiceMetrics`;
 this module updates them from what the side app acknowledged (:class:`SideMetrics`), and :func:`side_registry`
 gives the registry the side-path process exports: the side paths' metrics only (the main path's gauges would be
 exported there at 0 otherwise).
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 
 from stream_anon.core.schema import Kind
-from stream_anon.service.metrics import ServiceMetrics
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.encoding import CopyBatch
 from stream_anon.side.processor import Out, SidePathProcessor
 

@@ -14,7 +14,7 @@ Every copy carries, all COMPUTED from the mechanisms as configured (:mod:`stream
 rounded up: the exact eps of each attribute, their sum (``epsilon_total``, sequential composition, Dwork & Roth
 Thm 3.16) and the record's total over all side outputs (``epsilon_all_side_topics``: the three topics plus the exact
 eps of the k-means window the record is in).  A copy's key and ``id`` are the record's keyed pseudonym
-(HMAC-SHA256 of the record id under ``release.secret``, :class:`~stream_anon.service.release.Pseudonymizer`), never
+(HMAC-SHA256 of the record id under ``release.secret``, :class:`~stream_anon.formats.release.Pseudonymizer`), never
 the record id; with ``pseudonyms: false`` there is no key and no ``id``, and each batch's copies of each topic are
 published in an independent random order (drawn from the noise generator), so that positions do not join them
 across topics.  Grouping one record's copies (by pseudonym, or by position) composes their eps: the per-record
@@ -53,6 +53,13 @@ from typing import Any
 
 import numpy as np
 
+from stream_anon.config.side_paths import (
+    SidePathConfig,
+    SidePathConfigError,
+    SideTopics,
+    kmeans_mechanism,
+    plan_side_paths,
+)
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.base import crypto_rng
@@ -60,13 +67,6 @@ from stream_anon.privacy.budget import BudgetExhaustedError, BudgetSpend, Window
 from stream_anon.privacy.dp_kmeans import nicv
 from stream_anon.side.budgets import SideBudgets
 from stream_anon.side.channels import CategoricalChannel, Channel, NumericChannel, TruthTracker
-from stream_anon.side.config import (
-    SidePathConfig,
-    SidePathConfigError,
-    SideTopics,
-    kmeans_mechanism,
-    plan_side_paths,
-)
 from stream_anon.side.encoding import CopyBatch, copy_dict, copy_template, fill_copies
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class SidePathProcessor:
     ``rng``: a ``numpy.random.Generator`` (or an int seed: a reproducible ChaCha20 stream, tests only); default
     ``config.seed`` (refused at config load unless ``allow_seeded_noise``), else ChaCha20 from OS entropy.
     ``pseudonymize``: record id -> pseudonym, required with ``pseudonyms`` on (the side app passes
-    ``stream_anon.service.release.Pseudonymizer(release secret)``; this module stays pure).  ``scope``: prefix of the
+    ``stream_anon.formats.release.Pseudonymizer(release secret)``; this module stays pure).  ``scope``: prefix of the
     budget state keys
     (the side consumer group).  ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases,
     budget exhaustion) collect until :meth:`drain_events` (``process_batch_encoded`` drains them into its batch).

@@ -3,7 +3,7 @@ each with its own consumer group), ADULT replayed into ``adult.raw``, then a ver
 
 Data: ``--adult PATH`` / ``$STREAM_ANON_ADULT``; else the UCI file is downloaded (sha256-checked against
 ``datasets.ADULT_SHA256``) into ``~/.cache/stream-anon``; offline, the synthetic ADULT-shaped generator of
-``replay_tools.synthetic`` is used and the summary says so.
+``stream_anon.replay.synthetic`` is used and the summary says so.
 
 The summary reads the internal ledger (:mod:`stream_anon.service.audit`): every input record accounted exactly
 once, every promised output published exactly once, the public classes verified independently (k, l, QI strings)
@@ -34,8 +34,7 @@ import pandas as pd
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
-from replay_tools.kafka_replay import ReplayStats, replay_records
-from replay_tools.synthetic import synthetic_adult_records
+from stream_anon.config.settings import Config
 from stream_anon.core.datasets import (
     ADULT_ENV,
     ADULT_SHA256,
@@ -47,19 +46,21 @@ from stream_anon.core.datasets import (
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
 from stream_anon.core.verify import ReleaseRoles, verify_release_frame, write_release_meta
-from stream_anon.service.app import LOOP_REQUEST_TIMEOUT_MS, MainPath, MainPathTotals, start_metrics
+from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.replay.kafka_replay import ReplayStats, replay_records
+from stream_anon.replay.synthetic import synthetic_adult_records
+from stream_anon.runtime.run import start_metrics
+from stream_anon.runtime.supervisor import SidePaths
+from stream_anon.service.app import LOOP_REQUEST_TIMEOUT_MS, MainPath, MainPathTotals
 from stream_anon.service.audit import (
     collect_outputs,
     partition_ends,
     read_topic_with_headers,
     send_flush_markers,
 )
-from stream_anon.service.broker import EmbeddedBroker
-from stream_anon.service.config import Config
-from stream_anon.service.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
 from stream_anon.service.liveness import LoopHeartbeat
-from stream_anon.service.metrics import ServiceMetrics
-from stream_anon.service.supervisor import SidePaths
 from stream_anon.service.wiring import load_schema, with_release_secret
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
-from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
-from replay_tools.progress import ProgressBar, RateLimiter
-from stream_anon.service.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
+from stream_anon.replay.progress import ProgressBar, RateLimiter
 
 log = logging.getLogger(__name__)
 

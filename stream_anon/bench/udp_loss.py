@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replay_tools.kafka_replay import loop_record_id
-from replay_tools.synthetic import synthetic_adult_records
-from replay_tools.udp_sender import send_udp
 from stream_anon.core.datasets import ADULT_ENV, iter_adult_records
+from stream_anon.replay.kafka_replay import loop_record_id
+from stream_anon.replay.synthetic import synthetic_adult_records
+from stream_anon.replay.udp_sender import send_udp
 from stream_anon.service.udp_bridge import free_udp_port
 
 
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers
         if args.sink == "kafka" and not bootstrap:
-            from stream_anon.service.broker import EmbeddedBroker
+            from stream_anon.kafka_io.broker import EmbeddedBroker
 
             bootstrap = stack.enter_context(EmbeddedBroker()).bootstrap_servers
         rows = udp_loss_bench(records, rates, sink=args.sink, bootstrap_servers=bootstrap, rcvbuf_bytes=args.rcvbuf)

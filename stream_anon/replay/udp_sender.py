@@ -39,8 +39,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replay_tools.interrupts import InterruptGuard, ReplayInterrupted
-from replay_tools.progress import ProgressBar, RateLimiter
+from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
+from stream_anon.replay.progress import ProgressBar, RateLimiter
 
 MAX_DATAGRAM_BYTES = 65_507
 

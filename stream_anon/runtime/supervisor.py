@@ -9,7 +9,7 @@ The child process is started non-daemonic and stopped explicitly: :meth:`SidePat
 pipe (as soon as the service is told to stop, so both stop in parallel), :meth:`SidePaths.stop` waits for its final
 report and kills it if it does not finish in time.  It ignores SIGINT and SIGTERM (a Ctrl-C or a stop sent to the
 whole process group: the service decides).  It never outlives the service: the kernel kills it when the service
-dies (:func:`~stream_anon.service.lifecycle.die_with_parent`), and the end of file on its pipe stops it too.
+dies (:func:`~stream_anon.kafka_io.lifecycle.die_with_parent`), and the end of file on its pipe stops it too.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from stream_anon.service.config import Config
-from stream_anon.service.lifecycle import (
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     die_with_parent,
     quiet_closing_clients,
 )
-from stream_anon.service.metrics import ServiceMetrics, serve_metrics
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
 from stream_anon.side.metrics import side_registry
 

@@ -7,7 +7,7 @@ idempotent producer).  One retry policy: a message whose delivery failed is re-s
 nothing else is in flight, with exponential backoff (``kafka.retry_backoff_max_seconds``); it is never dropped.
 While the broker does not answer, ``flush`` keeps waiting for the messages in flight (the client retries them;
 re-sending one that is still in flight could duplicate it) and logs one line per ``kafka.request_timeout_ms``.
-One error type per failure (:mod:`stream_anon.service.kafka_io`): :class:`BrokerUnavailableError` (stopped while
+One error type per failure (:mod:`stream_anon.kafka_io.errors`): :class:`BrokerUnavailableError` (stopped while
 messages were unacknowledged), :class:`ProducerFatalError` (the client cannot go on: close it and
 :meth:`~OutputProducer.reopen`; also raised for an acknowledgement without an offset, :class:`UnconfirmedDelivery`),
 :class:`ProducerStuckError` (a subclass: with ``stuck_after_s``, nothing acknowledged for that long although
@@ -41,17 +41,15 @@ import confluent_kafka
 import kafka.errors as kafka_errors
 from kafka import KafkaProducer
 
-from stream_anon.service.config import Config
-from stream_anon.service.kafka_io import (
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.kafka_io.clients import backoff_delays, client_options, retry
+from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     MessageRejectedError,
     ProducerFatalError,
     ProducerStuckError,
-    backoff_delays,
-    client_options,
-    retry,
 )
-from stream_anon.service.pipeline import OutputMessage
+from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,6 @@ Headers = list[tuple[str, bytes]]
 Outcome = Literal["retry", "fatal", "rejected"]
 """What a failed delivery means: re-send it, the client is broken, or re-sending cannot succeed."""
 
-PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 FLUSH_SLICE_SECONDS = 1.0
 """:meth:`OutputProducer.flush` waits in slices of at most this long: after each it looks at its ``stop``, checks
 ``stuck_after_s`` and calls ``watchdog``."""
@@ -200,10 +197,10 @@ class ConfluentTransport:
                           _E.TOPIC_AUTHORIZATION_FAILED, _E.CLUSTER_AUTHORIZATION_FAILED, _E.TOPIC_EXCEPTION,
                           _E._INVALID_ARG, _E._UNKNOWN_PARTITION})
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
         self.fatal: confluent_kafka.KafkaError | None = None
-        self.config = librdkafka_config(cfg)
+        self.config = librdkafka_config(kafka)
         self.producer = confluent_kafka.Producer({**self.config, "error_cb": self._on_error,
                                                   "logger": logging.getLogger("librdkafka")})
 
@@ -216,7 +213,7 @@ class ConfluentTransport:
 
     def partition_count(self, topic: str) -> int:
         try:
-            md = self.producer.list_topics(topic, timeout=max(1.0, self.cfg.kafka.request_timeout_ms / 1000.0))
+            md = self.producer.list_topics(topic, timeout=max(1.0, self.kafka.request_timeout_ms / 1000.0))
         except confluent_kafka.KafkaException as e:
             raise kafka_errors.KafkaTimeoutError(f"no metadata for topic {topic!r}: {e}") from e
         t = md.topics.get(topic)
@@ -290,9 +287,8 @@ class ConfluentTransport:
         self.producer.close()
 
 
-def librdkafka_config(cfg: Config) -> dict[str, Any]:
-    """The librdkafka properties of the service's ``kafka`` options (security options translated)."""
-    k = cfg.kafka
+def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
+    """The librdkafka properties of the ``kafka`` options (security options translated)."""
     conf: dict[str, Any] = {
         "bootstrap.servers": k.bootstrap_servers, "client.id": k.client_id, "acks": "all",
         "enable.idempotence": k.enable_idempotence, "linger.ms": k.linger_ms, "batch.size": k.batch_size,
@@ -331,13 +327,12 @@ class KafkaPythonTransport:
     REJECTED = (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError,
                 kafka_errors.TopicAuthorizationFailedError, kafka_errors.InvalidTopicError)
 
-    def __init__(self, cfg: Config) -> None:
-        k = cfg.kafka
+    def __init__(self, k: KafkaSettings) -> None:
         opts: dict[str, Any] = dict(acks="all", linger_ms=k.linger_ms, batch_size=k.batch_size,
                                     max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
         if k.compression_type:
             opts["compression_type"] = k.compression_type
-        self.producer = KafkaProducer(**client_options(cfg), **opts)
+        self.producer = KafkaProducer(**client_options(k), **opts)
 
     def partition_count(self, topic: str) -> int:
         parts = self.producer.partitions_for(topic)
@@ -394,11 +389,11 @@ class KafkaPythonTransport:
         self.producer.close(timeout=timeout_s)
 
 
-def make_transport(cfg: Config) -> Transport:
+def make_transport(kafka: KafkaSettings) -> Transport:
     """A new client of the configured kind (``kafka.producer_client``)."""
-    if cfg.kafka.producer_client == "kafka-python":
-        return KafkaPythonTransport(cfg)
-    return ConfluentTransport(cfg)
+    if kafka.producer_client == "kafka-python":
+        return KafkaPythonTransport(kafka)
+    return ConfluentTransport(kafka)
 
 
 # ================================================================================================ the producer
@@ -406,7 +401,7 @@ class OutputProducer:
     """Sends output messages and waits for their acknowledgement; see the module docstring.
 
     Args:
-        cfg: the service config (``kafka.*`` options: client, timeouts, backoff).
+        kafka: the ``kafka`` options (client, timeouts, backoff).
         transport_factory: makes the client (default :func:`make_transport`); :meth:`reopen` calls it again.
         partition_counts: topic -> partitions, when known (else asked from the broker once per topic).
         on_error: called with the topic of every batch whose delivery failed (then re-sent).
@@ -418,15 +413,15 @@ class OutputProducer:
             (the main path checks there whether the broker lost its data).
     """
 
-    def __init__(self, cfg: Config, *, transport_factory: Callable[[], Transport] | None = None,
+    def __init__(self, kafka: KafkaSettings, *, transport_factory: Callable[[], Transport] | None = None,
                  partition_counts: dict[str, int] | None = None, on_error: Callable[[str], None] | None = None,
                  stop: Callable[[], bool] | None = None, label: str = "output", stuck_after_s: float | None = None,
                  watchdog: Callable[[], None] | None = None) -> None:
-        self.cfg = cfg
+        self.kafka = kafka
         self.stuck_after_s = stuck_after_s
         self.watchdog = watchdog
         self._waiting_since = time.monotonic()  # since when messages wait without any acknowledgement
-        self._factory = transport_factory or (lambda: make_transport(cfg))
+        self._factory = transport_factory or (lambda: make_transport(kafka))
         self.transport = self._factory()
         self.partition_counts = dict(partition_counts or {})
         self.on_error = on_error
@@ -546,9 +541,9 @@ class OutputProducer:
     def flush(self) -> int:
         """Block until every message sent so far is acknowledged; returns how many were.  See the module
         docstring for the retry policy and the errors."""
-        cfg = self.cfg.kafka
-        delays = backoff_delays(cfg.retry_backoff_max_seconds)
-        wait_s = max(1.0, cfg.request_timeout_ms / 1000.0)
+        k = self.kafka
+        delays = backoff_delays(k.retry_backoff_max_seconds)
+        wait_s = max(1.0, k.request_timeout_ms / 1000.0)
         t0 = time.monotonic()
         next_log = t0 + wait_s
         stalled = False
@@ -578,7 +573,7 @@ class OutputProducer:
                 next_log = time.monotonic() + wait_s
                 stalled = True
                 log.warning("broker %s has not acknowledged %d %s message(s) for %.0f s (unreachable or stalled): "
-                            "waiting, the producer retries them%s", cfg.bootstrap_servers, n_waiting, self.label,
+                            "waiting, the producer retries them%s", k.bootstrap_servers, n_waiting, self.label,
                             time.monotonic() - t0, "; watermarks are not committed until they are acknowledged"
                             if self.label == "output" else "")
             elif self._failed:  # re-sent in their order once nothing else is in flight
@@ -590,7 +585,7 @@ class OutputProducer:
                     self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)
                     self._pending -= len(idx)
         if stalled:
-            log.warning("broker %s acknowledged the held %s messages after %.0f s: resuming", cfg.bootstrap_servers,
+            log.warning("broker %s acknowledged the held %s messages after %.0f s: resuming", k.bootstrap_servers,
                         self.label, time.monotonic() - t0)
         return acked
 
@@ -646,12 +641,12 @@ class OutputProducer:
             log.debug("producer close failed: %r", e)
 
 
-def open_producer(cfg: Config, *, partition_counts: dict[str, int] | None = None,
+def open_producer(kafka: KafkaSettings, *, partition_counts: dict[str, int] | None = None,
                   on_error: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None,
                   label: str = "output", stuck_after_s: float | None = None,
                   watchdog: Callable[[], None] | None = None) -> OutputProducer:
     """An :class:`OutputProducer` with a client of the configured kind, created with the start-up retry policy."""
-    return OutputProducer(cfg, transport_factory=lambda: retry("producer", lambda: make_transport(cfg), cfg,
-                                                                stop=stop),
+    return OutputProducer(kafka, transport_factory=lambda: retry("producer", lambda: make_transport(kafka), kafka,
+                                                                  stop=stop),
                           partition_counts=partition_counts, on_error=on_error, stop=stop, label=label,
                           stuck_after_s=stuck_after_s, watchdog=watchdog)

@@ -3,7 +3,7 @@
 :class:`Config` is frozen and validated once, when it is loaded (:meth:`Config.load`), against everything it
 names: the engine's parameters through :class:`~stream_anon.core.engine.EngineConfig` (the one validator of the
 engine's rules), the schema file and the QI/sensitive roles, and the side-path options against the schema
-(:func:`~stream_anon.side.config.plan_side_paths`, when the side paths are on).  A derived config is a new one:
+(:func:`~stream_anon.config.side_paths.plan_side_paths`, when the side paths are on).  A derived config is a new one:
 :meth:`Config.with_options` (validated again) or ``dataclasses.replace``.
 
 Precedence (highest first): command-line flag > environment variable > YAML file > built-in default.
@@ -32,67 +32,19 @@ from typing import Any
 import numpy as np
 import yaml
 
+from stream_anon.config.side_paths import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
+from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
+from stream_anon.kafka_io.settings import PRODUCER_CLIENTS, KafkaSettings, TopicLayout
 from stream_anon.privacy.base import PrivacyParameterError
-from stream_anon.service.release import ReleaseConfigError, ReleaseOptions
-from stream_anon.side.config import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
 
 ENV_PREFIX = "STREAM_ANON_"
-PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
-_SIDE_TOPICS = SideTopics()  # the side topics' default names are written once, in stream_anon.side.config
+_SIDE_TOPICS = SideTopics()  # the side topics' default names are written once, in stream_anon.config.side_paths
 
 
 class ConfigError(ValueError):
     """An option is unknown or has an invalid value (the message names option, allowed values, value)."""
-
-
-@dataclass(frozen=True)
-class KafkaSettings:
-    """Connection and client options; the security options pass straight through to kafka-python."""
-
-    bootstrap_servers: str | None = None  # None: start an embedded Tansu broker on a free loopback port
-    client_id: str = "stream-anon"
-    group_id: str = "stream-anon-main"
-    group_instance_id: str | None = None  # static group membership (a restarted member keeps its partitions)
-    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
-    sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER | GSSAPI
-    sasl_plain_username: str | None = None
-    sasl_plain_password: str | None = None
-    sasl_kerberos_service_name: str | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    ssl_password: str | None = None
-    ssl_crlfile: str | None = None
-    ssl_check_hostname: bool = True
-    session_timeout_ms: int = 10000
-    heartbeat_interval_ms: int = 3000
-    max_poll_interval_ms: int = 300000
-    max_poll_records: int = 5000
-    fetch_max_bytes: int = 52428800
-    fetch_max_wait_ms: int = 100
-    max_partition_fetch_bytes: int = 1048576
-    linger_ms: int = 20
-    batch_size: int = 262144
-    compression_type: str | None = None
-    request_timeout_ms: int = 30000
-    enable_idempotence: bool = True
-    max_request_size: int = 4194304
-    connect_timeout_ms: int = 5000  # one connection attempt at start
-    startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
-    retry_backoff_max_seconds: float = 30.0
-    producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
-
-    def security_options(self) -> dict[str, Any]:
-        """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""
-        keys = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
-                "sasl_kerberos_service_name", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
-                "ssl_crlfile")
-        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            out["ssl_check_hostname"] = self.ssl_check_hostname
-        return out
 
 
 @dataclass(frozen=True)
@@ -127,6 +79,16 @@ class TopicSettings:
     def side_topics(self) -> SideTopics:
         return SideTopics(krr=self.krr, rs=self.rs, blap=self.blap, estimates=self.estimates, kmeans=self.kmeans,
                           dlq=self.dlq)
+
+    def service_topics(self) -> list[str]:
+        """Every topic the service creates at start: input, ledger, outputs and side topics."""
+        return list(dict.fromkeys([self.input, self.ledger_topic(), *self.outputs().values(), *self.side().values()]))
+
+    def layout(self) -> TopicLayout:
+        """How missing topics are created: ``create``, ``partitions`` (at least as many as the input has),
+        ``replication_factor``; the ledger compacted."""
+        return TopicLayout(create=self.create, partitions=self.partitions, replication_factor=self.replication_factor,
+                           match_partitions_of=self.input, compacted=frozenset({self.ledger_topic()}))
 
 
 @dataclass(frozen=True)
@@ -207,7 +169,7 @@ class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     anonymization: AnonymizationSettings = field(default_factory=AnonymizationSettings)
-    side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # options: stream_anon.side.config
+    side_paths: SidePathConfig = field(default_factory=SidePathConfig)  # options: stream_anon.config.side_paths
     service: ServiceSettings = field(default_factory=ServiceSettings)
     release: ReleaseSettings = field(default_factory=ReleaseSettings)
     dlq: DeadLetterSettings = field(default_factory=DeadLetterSettings)

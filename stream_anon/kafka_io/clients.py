@@ -1,0 +1,138 @@
+"""Kafka clients (kafka-python): connection with retry/backoff, topic creation, the group consumer.  Everything
+takes :class:`~stream_anon.kafka_io.settings.KafkaSettings` (the ``kafka`` options), never the whole configuration.
+
+The rest of the Kafka layer: the producer (:mod:`stream_anon.kafka_io.producer`), the group-less partition reader
+(:mod:`stream_anon.kafka_io.reader`), the error types (:mod:`stream_anon.kafka_io.errors`), the embedded broker
+(:mod:`stream_anon.kafka_io.broker`) and the stop path's bounds (:mod:`stream_anon.kafka_io.lifecycle`).
+
+Kafka transactions are NOT used (Tansu shows aborted transactional records to ``read_committed`` consumers).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from stream_anon.kafka_io.errors import BrokerUnavailableError
+from stream_anon.kafka_io.settings import KafkaSettings, TopicLayout
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def client_options(k: KafkaSettings) -> dict[str, Any]:
+    """The keyword arguments every kafka-python client gets: servers, client id, request timeout, security."""
+    return {"bootstrap_servers": k.bootstrap_servers, "client_id": k.client_id,
+            "request_timeout_ms": k.request_timeout_ms, **k.security_options()}
+
+
+def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
+    """0.5, 1, 2, 4 ... capped at ``max_seconds`` (exponential backoff)."""
+    d = first
+    while True:
+        yield d
+        d = min(max_seconds, d * 2)
+
+
+def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callable[[], None] | None = None,
+          stop: Callable[[], bool] | None = None, limit_seconds: float | None = None) -> T:
+    """Call ``fn`` until it succeeds, with exponential backoff and one clear log line per attempt.
+
+    Gives up with :class:`BrokerUnavailableError` after ``limit_seconds`` (default
+    ``kafka.startup_retry_seconds``; 0 = never) or as soon as ``stop()`` is true.
+    """
+    limit = k.startup_retry_seconds if limit_seconds is None else limit_seconds
+    start = time.monotonic()
+    attempt = 0
+    for delay in backoff_delays(k.retry_backoff_max_seconds):
+        attempt += 1
+        try:
+            return fn()
+        except (KafkaError, OSError, ValueError) as e:
+            elapsed = time.monotonic() - start
+            if limit and elapsed + delay > limit:
+                raise BrokerUnavailableError(
+                    f"{what}: broker {k.bootstrap_servers} unreachable after {attempt} attempts over "
+                    f"{elapsed:.0f} s (kafka.startup_retry_seconds = {limit:g}): {e!r}") from e
+            detail = str(e).removeprefix(f"{type(e).__name__}: ")
+            log.warning("%s: broker %s unreachable (%s%s); attempt %d, retrying in %.1f s", what,
+                        k.bootstrap_servers, type(e).__name__,
+                        f": {detail}" if detail and detail != "None" else "", attempt, delay)
+            if on_retry is not None:
+                on_retry()
+            if stop is not None and stop():
+                raise BrokerUnavailableError(f"{what}: stopped while waiting for the broker") from e
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def connect_admin(k: KafkaSettings, *, on_retry: Callable[[], None] | None = None,
+                  stop: Callable[[], bool] | None = None) -> KafkaAdminClient:
+    def attempt() -> KafkaAdminClient:
+        admin = KafkaAdminClient(**client_options(k), bootstrap_timeout_ms=k.connect_timeout_ms)
+        admin.list_topics()
+        return admin
+
+    return retry("connect", attempt, k, on_retry=on_retry, stop=stop)
+
+
+def ensure_topics(admin: KafkaAdminClient, names: Sequence[str], layout: TopicLayout) -> dict[str, int]:
+    """Create the missing ones of ``names`` as ``layout`` says (when ``layout.create``); returns topic ->
+    partition count.
+
+    Created topics get at least as many partitions as ``layout.match_partitions_of`` (the input, when among
+    ``names``), so output partition = ledger partition = input partition; ``layout.compacted`` ones (the ledger)
+    are created compacted.
+    """
+    wanted = list(dict.fromkeys(names))
+    existing = set(admin.list_topics())
+    counts = _partition_counts(admin, [n for n in wanted if n in existing])
+    n_input = counts.get(layout.match_partitions_of or "", layout.partitions)
+    to_create = [NewTopic(n, max(layout.partitions, n_input), layout.replication_factor,
+                          topic_configs=layout.topic_config(n))
+                 for n in wanted if n not in existing]
+    if to_create and layout.create:
+        try:
+            admin.create_topics(to_create)
+        except TopicAlreadyExistsError:
+            pass
+        log.info("created topics %s", ", ".join(f"{nt.name}({nt.num_partitions})" for nt in to_create))
+        for nt in to_create:
+            counts[nt.name] = nt.num_partitions
+    elif to_create:
+        log.warning("topics %s do not exist and topics.create is false", [nt.name for nt in to_create])
+    return counts
+
+
+def _partition_counts(admin: KafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:
+    if not topics:
+        return {}
+    out: dict[str, int] = {}
+    for desc in admin.describe_topics(list(topics)):
+        out[str(desc.get("name", desc.get("topic")))] = len(desc.get("partitions") or ())
+    return out
+
+
+def make_consumer(k: KafkaSettings, *, group_id: str | None) -> KafkaConsumer:
+    """A consumer of group ``group_id`` (None: no group) that never commits by itself and starts at the earliest
+    offset when the group has none."""
+    extra: dict[str, Any] = {}
+    if k.group_instance_id and group_id is not None:
+        extra["group_instance_id"] = k.group_instance_id
+    return KafkaConsumer(**extra,
+        **client_options(k), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+        session_timeout_ms=k.session_timeout_ms,
+        heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),
+        max_poll_interval_ms=k.max_poll_interval_ms, max_poll_records=k.max_poll_records,
+        fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
+        fetch_max_wait_ms=k.fetch_max_wait_ms,
+    )
+
+

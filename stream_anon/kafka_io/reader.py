@@ -1,0 +1,152 @@
+"""The group-less partition reader: reads single partitions (backwards in chunks, forwards to the end) without
+joining a consumer group, answers whether the broker is there (``ping``) and finds records the client cannot
+read.  Recovery reads the ledger and the output partitions with it (:mod:`stream_anon.service.recovery`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
+
+from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+RawRecord = tuple[int, bytes | None, bytes | None]
+"""(offset, key, value) of one record."""
+
+GAP_SECONDS = 5.0
+"""A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
+:meth:`PartitionReader._read`)."""
+
+
+class PartitionReader:
+    """Reads single partitions for recovery: the ledger backwards in chunks, output partitions forwards; no
+    consumer group (it never disturbs the group's membership).  Also answers ``ping`` (is the broker there?).
+    Its waits scale with ``kafka.request_timeout_ms`` (30 s by default: an end offset within one request timeout, a
+    read that makes no progress for two), so a caller that must notice a stop quickly gives it a shorter one."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
+        self.request_timeout_s = kafka.request_timeout_ms / 1000.0
+        self.consumer = KafkaConsumer(**client_options(kafka), group_id=None, enable_auto_commit=False,
+                                      auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
+                                      fetch_max_wait_ms=20)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def ping(self, topic: str, partition: int, timeout_ms: int) -> None:
+        """One request the broker must answer (the partition's first offset): raises ``KafkaError`` (e.g.
+        ``KafkaTimeoutError``) when it does not within ``timeout_ms``.  This client is in no consumer group,
+        so asking never disturbs the group's membership or a rebalance in progress."""
+        self.consumer.beginning_offsets([TopicPartition(topic, partition)], timeout_ms=timeout_ms)
+
+    def bounds(self, topic: str, partition: int, timeout_s: float | None = None) -> tuple[int, int]:
+        """(first offset, end offset) of a partition (the end from a fresh fetch's highwater: Tansu's
+        ``end_offsets()`` is wrong); ``timeout_s`` defaults to the request timeout."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        tp = TopicPartition(topic, partition)
+        c = self.consumer
+        if tp in c.assignment():  # kafka-python keeps a partition's state (and its old highwater) on re-assignment
+            c.assign([])
+        c.assign([tp])
+        begin = int(c.beginning_offsets([tp])[tp] or 0)
+        c.seek(tp, begin)
+        deadline = time.monotonic() + timeout_s
+        while c.highwater(tp) is None:
+            c.poll(timeout_ms=200, max_records=1)
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"no fetch response for {tp} within {timeout_s} s")
+        return begin, int(c.highwater(tp))  # type: ignore[arg-type]
+
+    def _read(self, tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
+        """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset).
+
+        Offsets at the end of a partition can hold no record: Tansu on durable storage killed between writing a
+        partition's watermark and the batch leaves such a gap (docs/tansu.md), and a fetch there returns nothing
+        until later records are appended.  When no record comes for ``GAP_SECONDS`` while the broker answers
+        (a ListOffsets request), the rest of the range is taken as such a gap (logged) instead of waiting forever.
+        """
+        c = self.consumer
+        c.seek(tp, lo)
+        got: list[Any] = []
+        stall_s = 2 * self.request_timeout_s
+        deadline = time.monotonic() + stall_s
+        empty_since = time.monotonic()
+        while c.position(tp) < hi:
+            recs = c.poll(timeout_ms=500, max_records=max_records).get(tp, [])
+            got.extend(r for r in recs if lo <= r.offset < hi)
+            now = time.monotonic()
+            if recs:
+                deadline = now + stall_s
+                empty_since = now
+            elif now - empty_since > GAP_SECONDS and self._answers(tp):
+                log.warning("%s: offsets [%d, %d) hold no records (a gap Tansu leaves when killed between writing a "
+                            "partition's watermark and its batch): read as empty", tp, c.position(tp), hi)
+                break
+            elif now > deadline:
+                raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for {stall_s:g} s")
+        return got
+
+    def _answers(self, tp: TopicPartition) -> bool:
+        """Whether the broker answers a ListOffsets request for ``tp`` now (an empty fetch is then a gap)."""
+        try:
+            self.consumer.beginning_offsets([tp], timeout_ms=min(self.kafka.request_timeout_ms, 5000))
+        except KafkaError:
+            return False
+        return True
+
+    def read_backward(self, topic: str, partition: int, chunk: int,
+                      consume: Callable[[list[RawRecord]], bool]) -> None:
+        """Hand ``consume`` the partition's records in chunks of ``chunk`` offsets, last chunk first (each chunk in
+        offset order), until it returns true or the partition's beginning is reached (recovery's ledger scan)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
+        hi = end
+        while hi > begin:
+            lo = max(begin, hi - chunk)
+            recs = self._read(tp, lo, hi, chunk)
+            if consume([(r.offset, r.key, r.value) for r in recs]):
+                break
+            hi = lo
+
+    def read_forward(self, topic: str, partition: int, start: int | None,
+                     chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]:
+        """(key, value) of every record of the partition from ``start`` (None: its beginning) to its end, and
+        the end offset (recovery step d)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
+        lo = begin if start is None else max(begin, start)
+        out: list[tuple[bytes | None, bytes | None]] = []
+        while lo < end:
+            hi = min(end, lo + chunk)
+            out.extend((r.key, r.value) for r in self._read(tp, lo, hi, chunk))
+            lo = hi
+        return out, end
+
+    def first_readable(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> bool:
+        """Whether the record at ``offset`` can be read (False: the client raises CorruptRecordError there).
+        Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on)."""
+        tp = TopicPartition(topic, partition)
+        c = self.consumer
+        c.assign([tp])
+        c.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                recs = c.poll(timeout_ms=200, max_records=1).get(tp, [])
+                if recs:
+                    return True
+                if c.highwater(tp) is not None and offset >= int(c.highwater(tp)):  # type: ignore[arg-type]
+                    return True  # nothing there to read
+            return True
+        except CorruptRecordError:
+            return False
+        finally:
+            c.seek(tp, offset + 1)

@@ -1,0 +1,90 @@
+"""The options of the Kafka clients (:class:`KafkaSettings`, the ``kafka`` section of the service's configuration)
+and how missing topics are created (:class:`TopicLayout`): all the Kafka layer needs from the configuration.
+
+The Kafka layer (:mod:`stream_anon.kafka_io`) takes these, never the whole ``Config``
+(:mod:`stream_anon.config.settings`, which holds them as its ``kafka`` section and builds the layout from its
+``topics`` section).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
+"""The producer's client libraries (``kafka.producer_client``)."""
+
+COMPACTED_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
+"""Topic configuration of a compacted topic (the ledger: docs/threat-model.md, "Bounded growth")."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Connection and client options; the security options pass straight through to kafka-python."""
+
+    bootstrap_servers: str | None = None  # None: start an embedded Tansu broker on a free loopback port
+    client_id: str = "stream-anon"
+    group_id: str = "stream-anon-main"
+    group_instance_id: str | None = None  # static group membership (a restarted member keeps its partitions)
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER | GSSAPI
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    sasl_kerberos_service_name: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    ssl_crlfile: str | None = None
+    ssl_check_hostname: bool = True
+    session_timeout_ms: int = 10000
+    heartbeat_interval_ms: int = 3000
+    max_poll_interval_ms: int = 300000
+    max_poll_records: int = 5000
+    fetch_max_bytes: int = 52428800
+    fetch_max_wait_ms: int = 100
+    max_partition_fetch_bytes: int = 1048576
+    linger_ms: int = 20
+    batch_size: int = 262144
+    compression_type: str | None = None
+    request_timeout_ms: int = 30000
+    enable_idempotence: bool = True
+    max_request_size: int = 4194304
+    connect_timeout_ms: int = 5000  # one connection attempt at start
+    startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
+    retry_backoff_max_seconds: float = 30.0
+    producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
+
+    def security_options(self) -> dict[str, Any]:
+        """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""
+        keys = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                "sasl_kerberos_service_name", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
+                "ssl_crlfile")
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            out["ssl_check_hostname"] = self.ssl_check_hostname
+        return out
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """How :func:`~stream_anon.kafka_io.clients.ensure_topics` creates missing topics.
+
+    Attributes:
+        create: create missing topics (else a warning names them).
+        partitions: partitions of a created topic, at least.
+        replication_factor: of a created topic.
+        match_partitions_of: a created topic gets at least as many partitions as this topic has when it exists
+            and is among the topics asked for (the input: output partition = ledger partition = input partition).
+        compacted: topics created with :data:`COMPACTED_TOPIC_CONFIG`.
+    """
+
+    create: bool = True
+    partitions: int = 1
+    replication_factor: int = 1
+    match_partitions_of: str | None = None
+    compacted: frozenset[str] = field(default_factory=frozenset)
+
+    def topic_config(self, name: str) -> dict[str, Any]:
+        return dict(COMPACTED_TOPIC_CONFIG) if name in self.compacted else {}
