@@ -134,10 +134,11 @@ def freeze(broker: EmbeddedBroker, seconds: float, service: Service) -> int:
 
 
 # the service's own lines (not kafka-python's): outage noticed, with retry; broker back
-OUTAGE = re.compile(r"WARNING stream_anon\.service\.\S+: broker \S+ (not answering for \d+ s .*checking again in"
+OUTAGE = re.compile(r"WARNING stream_anon\.(service|kafka_io)\.\S+: broker \S+ "
+                    r"(not answering for \d+ s .*checking again in"
                     r"|has not acknowledged \d+ (output|ledger) message\(s\) for \d+ s .*the producer retries)")
 ALREADY_RELEASED = re.compile(r"(\d+) offsets at or after it already accounted")
-BACK = re.compile(r"WARNING stream_anon\.service\.\S+: broker \S+ (answering again after"
+BACK = re.compile(r"WARNING stream_anon\.(service|kafka_io)\.\S+: broker \S+ (answering again after"
                   r"|acknowledged the held (output|ledger) messages after)")
 
 
@@ -279,4 +280,4 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
           f"{len(released)} released in {released.class_id.nunique()} classes, "
           f"{(out.outcome == 'suppressed').sum()} suppressed; found already released at the restart: "
           f"{ALREADY_RELEASED.findall(restarted.text())}; {elapsed:.1f} s")
-    print("\n".join(line for line in text.splitlines() if "stream_anon.service" in line and "WARNING" in line))
+    print("\n".join(line for line in text.splitlines() if "stream_anon." in line and "WARNING" in line))
