@@ -20,13 +20,14 @@ from stream_anon.privacy import (
     exact_epsilon,
     record_epsilon,
 )
-from stream_anon.privacy.accounting import (
+from stream_anon.privacy.exact import LOG_MARGIN
+from stream_anon.privacy.randomized_response import krr_sampling_ratio
+from stream_anon.privacy.substitution import (
+    _frapp_draw,
+    enumerated_epsilon,
     frapp_sampling_matrix,
     frapp_sampling_ratio,
-    krr_sampling_ratio,
 )
-from stream_anon.privacy.exact import LOG_MARGIN
-from stream_anon.privacy.substitution import _frapp_draw, enumerated_epsilon
 
 CATS16 = [f"c{i}" for i in range(16)]
 

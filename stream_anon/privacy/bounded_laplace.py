@@ -44,6 +44,7 @@ import numpy as np
 from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
 from stream_anon.privacy.exact import IntegerTable
 from stream_anon.privacy.frequency import FrequencyEstimate
+from stream_anon.privacy.mechanism import CategoricalDomain, IntervalDomain, LocalMechanism
 
 __all__ = [
     "DEFAULT_REAL_GRID_INTERVALS",
@@ -481,7 +482,7 @@ class _FloatModel:
 
 
 # ---------------------------------------------------------------------------------------------- mechanism
-class BoundedLaplace:
+class BoundedLaplace(LocalMechanism):
     """Bounded Laplace on a public domain [lower, upper], on a public grid, with an exact eps (module docstring).
 
     Parameters (keyword-only):
@@ -612,6 +613,16 @@ class BoundedLaplace:
         kind = "unsafe_float" if self.unsafe_float else f"grid_step={self.grid_step:g}"
         return (f"BoundedLaplace(epsilon={self.epsilon!r}, lower={self.lower}, upper={self.upper}, "
                 f"sensitivity={self.sensitivity}, {kind}, scale={self.scale:.6g})")
+
+    @property
+    def exact_epsilon(self) -> float:
+        """The grid table's eps (``epsilon``); ``inf`` for ``unsafe_float`` (binary64 outputs reachable from one
+        input but not from its neighbour, see ``stream_anon.bench.reachability``)."""
+        return self.epsilon if self.epsilon_is_exact else math.inf
+
+    @property
+    def domain(self) -> IntervalDomain:
+        return IntervalDomain(self.lower, self.upper, self.integer)
 
     # ---------------------------------------------------------------- grid views
     @property
@@ -853,7 +864,7 @@ def calibrate_discretized_scale(m: int, epsilon: float) -> float:
     return _calibrate(eps_of, eps, 2.0 / eps, floor=1e-20)
 
 
-class DiscretizedBoundedLaplace:
+class DiscretizedBoundedLaplace(LocalMechanism):
     """Bounded Laplace for categorical/ordinal values with stochastic discretization (KR 10-2456177), exact eps.
 
     The m categories (in the given order; it matters for ordinal data) sit on t_i = -1 + 2 i/(m-1) of [-1, 1];
@@ -927,8 +938,14 @@ class DiscretizedBoundedLaplace:
         """Perturb an array of categories; returns an object array of reported categories."""
         return self._cat_array[self.randomise_indices(self.encode(values))]
 
-    def randomise(self, value: Any) -> Any:
-        return self.randomise_many([value])[0]
+    @property
+    def exact_epsilon(self) -> float:
+        """The integer table's eps (all categories neighbours), the same value as ``epsilon``."""
+        return self.table.epsilon()
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     def estimate_counts(self, reports: Any) -> FrequencyEstimate:
         """Unbiased counts n_hat = P^{-T} N from reported categories N, with standard errors.

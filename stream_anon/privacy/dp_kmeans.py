@@ -56,6 +56,7 @@ from stream_anon.privacy.discrete_laplace import (
     rational_scale,
     sample_discrete_laplace,
 )
+from stream_anon.privacy.mechanism import BoxDomain
 
 __all__ = [
     "NEIGHBOURING",
@@ -376,6 +377,17 @@ class QuadTreeKMeans:
     def __repr__(self) -> str:
         return (f"QuadTreeKMeans(n_clusters={self.n_clusters}, epsilon={self.epsilon!r}, gamma={self.gamma}, "
                 f"variant={self.variant!r}, neighbouring={self.neighbouring!r})")
+
+    @property
+    def exact_epsilon(self) -> float:
+        """eps of one window (one fit) under ``neighbouring``, from the sampled noise scales: the exact rational
+        tree + leaf-count eps rounded up (the same value as ``epsilon``)."""
+        return fraction_upper(self.epsilon_tree_exact + self.epsilon_counts_exact)
+
+    @property
+    def domain(self) -> BoxDomain:
+        """The public box (``bounds``; with scalar bounds, one dimension until ``fit`` sees X)."""
+        return BoxDomain(tuple(float(v) for v in self.lower), tuple(float(v) for v in self.upper))
 
     def _depth(self, d: int) -> int:
         return self.max_depth if self.max_depth is not None else max(1, 12 // d)

@@ -37,11 +37,16 @@ __all__ = [
     "integer_weights",
     "log_ratio_upper",
     "TABLE_BITS",
+    "UNIFORM_GRID_BITS",
     "max_ratio",
 ]
 
 LOG_MARGIN = 2.0 ** -40
 """Added to a double-precision ln(ratio) so the stated epsilon is an upper bound of the exact one."""
+
+UNIFORM_GRID_BITS = 53
+"""numpy's ``Generator.random()`` returns k * 2^-53 (the top 53 bits of one 64-bit word), for every bit generator:
+the exact epsilon of a sampler driven by ``random()`` is computed on that grid (k-RR, FRAPP)."""
 
 
 def log_ratio_upper(ratio: Fraction) -> float:

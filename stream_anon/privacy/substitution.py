@@ -37,17 +37,21 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from fractions import Fraction
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 
 from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
+from stream_anon.privacy.exact import LOG_MARGIN, UNIFORM_GRID_BITS, log_ratio_upper
 from stream_anon.privacy.frequency import (
     CategoryCodec,
     FrequencyEstimate,
     SingleReportEstimator,
     counts_of_codes,
 )
+from stream_anon.privacy.mechanism import CategoricalDomain, LocalMechanism
 
 Variant = Literal["independent", "no-repeat"]
 VARIANTS: tuple[str, ...] = ("independent", "no-repeat")
@@ -193,7 +197,88 @@ def _frapp_draw(true_codes: np.ndarray, u: np.ndarray, n_values: int, gamma: flo
     return out
 
 
-class RandomSubstitution(SingleReportEstimator):
+# ------------------------------------------------------------------------------ exact eps as sampled (2^-53)
+def frapp_sampling_matrix(n_values: int, gamma: float) -> np.ndarray:
+    """Integer counts C[t, j] of the 2^53 uniforms u = m 2^-53 that FRAPP's sampler maps from t to j.
+
+    The map is non-decreasing in u, so the first m reaching report >= j is found by binary search (vectorized
+    over all (t, j)); C[t, j] = first(t, j + 1) - first(t, j).  Returned as Python ints in an object array.
+    """
+    grid = 1 << UNIFORM_GRID_BITS
+    t = np.repeat(np.arange(n_values, dtype=np.int64), n_values)
+    j = np.tile(np.arange(n_values, dtype=np.int64), n_values)
+    lo = np.zeros(t.size, dtype=np.int64)  # first m with draw(m) >= j lies in [lo, hi]
+    hi = np.full(t.size, grid, dtype=np.int64)
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        draw = _frapp_draw(t, np.minimum(mid, grid - 1).astype(np.float64) / grid, n_values, gamma)
+        reached = (draw >= j) & (mid < grid)
+        hi = np.where(reached, mid, hi)
+        lo = np.where(reached, lo, mid + 1)
+    first = lo.reshape(n_values, n_values).astype(object)
+    counts = np.empty((n_values, n_values), dtype=object)
+    for a in range(n_values):
+        for b in range(n_values):
+            end = first[a, b + 1] if b + 1 < n_values else grid
+            counts[a, b] = int(end) - int(first[a, b])
+    return counts
+
+
+def matrix_ratio(counts: np.ndarray) -> Fraction:
+    """max over j, t, t' of C[t, j] / C[t', j] for an integer matrix (0 = infinite: some entry is 0)."""
+    c = np.asarray(counts, dtype=object)
+    best = Fraction(1)
+    for j in range(c.shape[1]):
+        col = [int(v) for v in c[:, j]]
+        if min(col) == 0:
+            return Fraction(0)
+        best = max(best, Fraction(max(col), min(col)))
+    return best
+
+
+def frapp_sampling_ratio(n_values: int, gamma: float) -> Fraction:
+    """Exact worst likelihood ratio of one FRAPP draw as sampled (from :func:`frapp_sampling_matrix`)."""
+    return matrix_ratio(frapp_sampling_matrix(n_values, gamma))
+
+
+def frapp_sampling_epsilon(n_values: int, gamma: float) -> float:
+    """Exact eps of one FRAPP draw as sampled, rounded up (inf if some report is unreachable from some input)."""
+    ratio = frapp_sampling_ratio(n_values, gamma)
+    return math.inf if ratio == 0 else (0.0 if ratio == 1 else log_ratio_upper(ratio))
+
+
+def frapp_relative_deviation(n_values: int, gamma: float) -> float:
+    """max |P_float(j | t) / P_ideal(j | t) - 1| of one FRAPP draw (exact counts vs the ideal x, gamma x)."""
+    counts = frapp_sampling_matrix(n_values, gamma)
+    grid = Fraction(1 << UNIFORM_GRID_BITS)
+    g = Fraction(gamma)
+    x = 1 / (g + n_values - 1)
+    worst = Fraction(0)
+    for a in range(n_values):
+        for b in range(n_values):
+            ideal = g * x if a == b else x
+            worst = max(worst, abs(Fraction(int(counts[a, b])) / grid / ideal - 1))
+    return float(worst) * (1 + 1e-12)
+
+
+def no_repeat_epsilon_upper(n_values: int, gamma: float, n_reports: int) -> float:
+    """Upper bound of the eps of the no-repeat l-extended substitution as sampled: the closed form ln(A/B) of
+    the ideal probabilities plus a rigorous margin for the float deviation of each draw (at most delta
+    relative, :func:`frapp_relative_deviation`) and for the ties of the shuffle:
+    2 (l d/(1-d) + (l-1) d a/(1 - d a)) + 2 t/(1-t), d = delta/(1-delta), a = the largest rejected mass /
+    (1 - it), t = l! l(l-1)/2 2^-53 (plus ``LOG_MARGIN``)."""
+    delta = frapp_relative_deviation(n_values, gamma)
+    d = delta / (1.0 - delta)
+    x = 1.0 / (gamma + n_values - 1)
+    rejected = (gamma + n_reports - 2) * x  # largest mass already drawn before the last draw
+    a = rejected / (1.0 - rejected)
+    eta = n_reports * d / (1.0 - d) + (n_reports - 1) * d * a / (1.0 - d * a)
+    ties = math.factorial(n_reports) * n_reports * (n_reports - 1) / 2 * 2.0 ** -UNIFORM_GRID_BITS
+    shuffle = ties / (1.0 - ties)
+    return no_repeat_epsilon(n_values, gamma, n_reports) + 2.0 * eta + 2.0 * shuffle + LOG_MARGIN
+
+
+class RandomSubstitution(SingleReportEstimator, LocalMechanism):
     """FRAPP random substitution with the gamma-diagonal matrix (``gamma`` or ``epsilon = ln gamma``)."""
 
     def __init__(self, *, categories: Sequence[Any] | np.ndarray, gamma: float | None = None,
@@ -228,10 +313,17 @@ class RandomSubstitution(SingleReportEstimator):
         codes = self._codec.encode_strict(values, what="value")
         return self._codec.decode(self.randomise_codes(codes))
 
-    def randomise(self, value: Any) -> Any:
-        arr = np.empty(1, dtype=object)
-        arr[0] = value
-        return self.randomise_many(arr)[0]
+    @cached_property
+    def exact_epsilon(self) -> float:
+        """eps as sampled: the inverse-CDF map u -> report is monotone in u, so each transition probability is
+        (number of 2^-53-grid uniforms mapped to it) / 2^53, found exactly by binary search
+        (:func:`frapp_sampling_matrix`); the max log-ratio of that integer matrix, rounded up.  The stated
+        ``epsilon`` is ln gamma."""
+        return frapp_sampling_epsilon(self.k, self.gamma)
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     def variance(self, true_count: float | np.ndarray, n: int) -> float | np.ndarray:
         """``[n_i p(1-p) + (n - n_i) q(1-q)] / (p-q)^2`` with p = gamma x, q = x."""
@@ -262,7 +354,7 @@ class RandomSubstitution(SingleReportEstimator):
 
 
 
-class LExtendedSubstitution:
+class LExtendedSubstitution(LocalMechanism):
     """l-extended random substitution (Kang, Lee & Hong 2009): each record reported l times.
 
     ``randomise_many(values)`` returns an ``(n, l)`` array.  ``epsilon`` is exact: ``l ln gamma`` for
@@ -362,10 +454,18 @@ class LExtendedSubstitution:
         codes = self._codec.encode_strict(np.asarray(values, dtype=object).reshape(-1), what="value")
         return self._codec.decode(self.randomise_codes(codes))
 
-    def randomise(self, value: Any) -> np.ndarray:
-        arr = np.empty(1, dtype=object)
-        arr[0] = value
-        return self.randomise_many(arr)[0]
+    @cached_property
+    def exact_epsilon(self) -> float:
+        """eps as sampled.  ``"independent"``: l times the FRAPP draw's exact eps (the l draws are independent
+        and the worst output of one draw can repeat in all l).  ``"no-repeat"``: :func:`no_repeat_epsilon_upper`
+        (the closed form plus a rigorous float margin, below 1e-11 above the stated ``epsilon``)."""
+        if self.variant == "independent":
+            return self.l * frapp_sampling_epsilon(self.k, self.gamma)
+        return no_repeat_epsilon_upper(self.k, self.gamma, self.l)
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     # ---------------------------------------------------------------- closed forms
     def variance(self, true_count: float | np.ndarray, n: int) -> float | np.ndarray:
