@@ -135,7 +135,7 @@ def require_probability(name: str, value: Any, *, open_low: bool = False, open_h
                          error=error)
 
 
-def require_choice(name: str, value: T, choices: Collection[T], *, allowed: str | None = None,
+def require_choice(name: str, value: T, choices: Collection[object], *, allowed: str | None = None,
                    error: ErrorFactory = _value_error) -> T:
     """``value`` when it is one of ``choices`` (allowed text: ``one of [...]``)."""
     try:
