@@ -72,7 +72,3 @@ def check_epsilon(epsilon: Any, name: str = "epsilon", *, allow_inf: bool = Fals
     """A privacy budget: a number in (0, inf) (``allow_inf``: (0, inf])."""
     return require_float(name, epsilon, low=0.0, low_open=True, finite=not allow_inf,
                          allowed=f"a number in (0, inf{']' if allow_inf else ')'}", error=parameter_error)
-
-
-def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
-    return require_int(name, value, low=lo, high=hi, error=parameter_error)

@@ -29,7 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError
+from stream_anon.core.validation import require_int
+from stream_anon.privacy.base import PrivacyParameterError, parameter_error
 
 __all__ = [
     "LOG_MARGIN",
@@ -74,8 +75,7 @@ def integer_weights(probabilities: np.ndarray, bits: int) -> np.ndarray:
     p = np.asarray(probabilities, dtype=np.float64)
     if p.ndim != 2 or not np.all(np.isfinite(p)) or np.any(p < 0):
         raise PrivacyParameterError("probabilities: need a finite, non-negative 2-D array")
-    if not 1 <= bits <= 62:
-        raise PrivacyParameterError(f"bits: must be in [1, 62], got {bits}")
+    bits = require_int("bits", bits, low=1, high=62, error=parameter_error)
     p = p / p.sum(axis=1, keepdims=True)
     total = np.int64(1) << np.int64(bits)
     w = np.maximum(np.floor(p * float(total)).astype(np.int64), 1)
@@ -151,8 +151,7 @@ class IntegerTable:
 
     def __init__(self, weights: np.ndarray, bits: int) -> None:
         w = np.array(weights, dtype=np.int64)
-        if not 1 <= int(bits) <= 62:
-            raise PrivacyParameterError(f"bits: must be in [1, 62], got {bits}")
+        bits = require_int("bits", bits, low=1, high=62, error=parameter_error)
         if w.ndim != 2 or np.any(w < 1) or np.any(w.sum(axis=1) != (np.int64(1) << np.int64(bits))):
             raise PrivacyParameterError(f"weights: rows must sum to 2^{bits} with every entry >= 1")
         w.setflags(write=False)

@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng
+from stream_anon.core.validation import require_choice
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng, parameter_error
 from stream_anon.privacy.exact import UNIFORM_GRID_BITS, log_ratio_upper
 from stream_anon.privacy.frequency import (
     CategoryCodec,
@@ -62,9 +63,8 @@ class KRandomizedResponse(SingleReportEstimator, LocalMechanism):
                  out_of_domain: OutOfDomain = "error", rng: np.random.Generator | int | None = None):
         self.epsilon = check_epsilon(epsilon)
         self._codec = CategoryCodec(categories)
-        if out_of_domain not in ("error", "random"):
-            raise PrivacyParameterError(f"out_of_domain: must be 'error' or 'random', got {out_of_domain!r}")
-        self.out_of_domain: OutOfDomain = out_of_domain
+        self.out_of_domain: OutOfDomain = require_choice("out_of_domain", out_of_domain, ("error", "random"),
+                                                         error=parameter_error)
         self.rng = crypto_rng(rng)
         k = self._codec.k
         # e^eps / (e^eps + k - 1) written to stay finite for large eps

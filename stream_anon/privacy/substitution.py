@@ -43,7 +43,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
+from stream_anon.core.validation import require_choice, require_float, require_int
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng, parameter_error
 from stream_anon.privacy.exact import LOG_MARGIN, UNIFORM_GRID_BITS, log_ratio_upper
 from stream_anon.privacy.frequency import (
     CategoryCodec,
@@ -59,18 +60,13 @@ VARIANTS: tuple[str, ...] = ("independent", "no-repeat")
 
 # --------------------------------------------------------------------------------------------- closed forms
 def _check_gamma(gamma: Any) -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float | np.floating | np.integer):
-        raise PrivacyParameterError(f"gamma: expected a number in (1, inf), got {type(gamma).__name__} {gamma!r}")
-    g = float(gamma)
-    if not (g > 1.0) or math.isinf(g) or math.isnan(g):
-        raise PrivacyParameterError(f"gamma: must be in (1, inf) (gamma = 1 reveals nothing and reconstructs "
-                                    f"nothing), got {gamma!r}")
-    return g
+    return require_float("gamma", gamma, low=1.0, low_open=True, error=parameter_error,
+                         allowed="in (1, inf) (gamma = 1 reveals nothing and reconstructs nothing)")
 
 
 def frapp_transition_matrix(n_values: int, gamma: float) -> np.ndarray:
     """``M = x G``, ``x = 1/(gamma+N-1)``; ``M[j, i] = P(report j | true i)`` (columns sum to 1)."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
     m = np.full((n_values, n_values), 1.0)
     np.fill_diagonal(m, g)
@@ -90,9 +86,9 @@ def no_repeat_inclusion_probabilities(n_values: int, gamma: float, n_reports: in
     Drawing without replacement with weights gamma (true) and 1 (others): the true value is missed iff
     each of the first l draws picks another value: ``prod_{j<l} (N-1-j)/(gamma+N-1-j)``.
     """
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values)
+    n_reports = require_int("l", n_reports, low=1, high=n_values, error=parameter_error)
     miss = 1.0
     for j in range(n_reports):
         miss *= (n_values - 1 - j) / (g + n_values - 1 - j)
@@ -103,9 +99,9 @@ def no_repeat_inclusion_probabilities(n_values: int, gamma: float, n_reports: in
 
 def no_repeat_set_ratio(n_values: int, gamma: float, n_reports: int) -> float:
     """Worst-case likelihood ratio of one shuffled output set: A/B (see module docstring)."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values - 1)
+    n_reports = require_int("l", n_reports, low=1, high=n_values - 1, error=parameter_error)
     w = g + n_values - 1
     total = 0.0
     for k in range(n_reports):
@@ -124,9 +120,9 @@ def no_repeat_epsilon(n_values: int, gamma: float, n_reports: int) -> float:
 def no_repeat_draw_order_epsilon(n_values: int, gamma: float, n_reports: int) -> float:
     """Exact eps if the l outputs were emitted in draw order (they are not):
     ``ln gamma + sum_{j=0}^{l-2} ln((gamma+N-2-j)/(N-1-j))``."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values - 1)
+    n_reports = require_int("l", n_reports, low=1, high=n_values - 1, error=parameter_error)
     return math.log(g) + sum(math.log((g + n_values - 2 - j) / (n_values - 1 - j)) for j in range(n_reports - 1))
 
 
@@ -137,9 +133,9 @@ def enumerate_no_repeat_output_probabilities(n_values: int, gamma: float, n_repo
     Keys are draw sequences (``ordered=True``) or sorted tuples (the shuffled set).  Used to verify the
     closed forms above; cost ``N! / (N-l)!``.
     """
-    n_values = check_int(n_values, "n_values", 2, 12)
+    n_values = require_int("n_values", n_values, low=2, high=12, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values)
+    n_reports = require_int("l", n_reports, low=1, high=n_values, error=parameter_error)
     out: dict[tuple[int, ...], float] = {}
     for seq in itertools.permutations(range(n_values), n_reports):
         prob = 1.0
@@ -168,9 +164,8 @@ def gamma_for_epsilon(n_values: int, epsilon: float, n_reports: int = 1, variant
     """The gamma whose exact eps equals ``epsilon`` (independent: ``e^(eps/l)``; no-repeat: bisection)."""
     eps = check_epsilon(epsilon)
     if variant == "independent":
-        return math.exp(eps / check_int(n_reports, "l", 1))
-    if variant != "no-repeat":
-        raise PrivacyParameterError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+        return math.exp(eps / require_int("l", n_reports, low=1, error=parameter_error))
+    require_choice("variant", variant, VARIANTS, error=parameter_error)
     lo, hi = 0.0, eps  # log gamma; eps(no-repeat) >= ln gamma, so ln gamma <= eps
     for _ in range(200):
         mid = 0.5 * (lo + hi)
@@ -368,15 +363,14 @@ class LExtendedSubstitution(LocalMechanism):
                  variant: Variant = "independent", rng: np.random.Generator | int | None = None):
         self._codec = CategoryCodec(categories)
         self.gamma = _check_gamma(gamma)
-        if variant not in VARIANTS:
-            raise PrivacyParameterError(f"variant: must be one of {VARIANTS}, got {variant!r}")
-        self.variant: Variant = variant
+        self.variant: Variant = require_choice("variant", variant, VARIANTS, error=parameter_error)
         n_values = self._codec.k
         if variant == "no-repeat":
             # l = N would always output the whole domain: no information, nothing to reconstruct.
-            self.l = check_int(l, "l (no-repeat: at most N-1 distinct outputs)", 1, n_values - 1)
+            self.l = require_int("l (no-repeat: at most N-1 distinct outputs)", l, low=1, high=n_values - 1,
+                                 error=parameter_error)
         else:
-            self.l = check_int(l, "l", 1)
+            self.l = require_int("l", l, low=1, error=parameter_error)
         self.rng = crypto_rng(rng)
         self.x = 1.0 / (self.gamma + n_values - 1)
         self.p = self.gamma * self.x
