@@ -111,8 +111,8 @@ class BrokerHealth:
         """Every ``BROKER_DATA_CHECK_SECONDS`` (or now, with ``force``): did the broker lose data?  Raises
         :class:`BrokerDataLossError`; returns False when the broker did not answer (nothing checked)."""
         now = time.monotonic()
-        if (not force and (now < self._data_check_at or self.outage_since is not None)) or self.stopping():
-            return True  # (during an outage only the ping asks, with its backoff)
+        if not self._data_check_due(now, force):
+            return True
         self._data_check_at = now + BROKER_DATA_CHECK_SECONDS
         failure = self.guard.check_topics()
         if failure is not None:
@@ -120,6 +120,22 @@ class BrokerHealth:
             return False
         floors = self.guard.floors
         problems = [floors.check(self.input_topic, p, self.poller.highwater(p)) for p in self.poller.assignment()]
+        ledger = self._ledger_problems(now)
+        if ledger is None:
+            return False
+        found = [p for p in [*problems, *ledger] if p]
+        if found:
+            raise BrokerDataLossError("; ".join(found))
+        return True
+
+    def _data_check_due(self, now: float, force: bool) -> bool:
+        """Forced, or its time came and the broker answers (during an outage only the ping asks, with its
+        backoff); never while stopping."""
+        return not self.stopping() and (force or (now >= self._data_check_at and self.outage_since is None))
+
+    def _ledger_problems(self, now: float) -> list[str | None] | None:
+        """The owned ledger partitions' ends against the ledger messages acknowledged (None: not answered)."""
+        problems = []
         for p in sorted(self.owned()):
             lp = self.ledger_partition(p)
             try:
@@ -127,12 +143,9 @@ class BrokerHealth:
             except (KafkaError, OSError) as e:
                 log.debug("broker data check: end of %s[%d] unknown: %r", self.ledger_topic, lp, e)
                 self.silent(now, e)
-                return False
-            problems.append(floors.check(self.ledger_topic, lp, end))
-        found = [p for p in problems if p]
-        if found:
-            raise BrokerDataLossError("; ".join(found))
-        return True
+                return None
+            problems.append(self.guard.floors.check(self.ledger_topic, lp, end))
+        return problems
 
     def note_ledger(self, receipt: Receipt) -> None:
         """The ledger partitions hold at least the acknowledged messages of ``receipt`` (floors of the check)."""
