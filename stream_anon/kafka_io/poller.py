@@ -55,6 +55,30 @@ CommitDone = Callable[[dict[int, int], "Exception | None"], None]
 """Called once an asynchronous commit is answered: (partition -> offset, the error or None)."""
 
 
+class Poller(Protocol):
+    """What the paths use of their group consumer (:class:`GroupPoller` implements it over kafka-python; another
+    client library would implement the same, returning records with the attributes of :class:`PolledRecord`)."""
+
+    def subscribe(self, on_assigned: Callable[[set[int]], None] | None = None,
+                  on_revoked: Callable[[list[int]], None] | None = None) -> None: ...
+
+    def poll(self, timeout_ms: int, on_unreadable: Unreadable) -> dict[int, list[Any]]: ...
+
+    def assignment(self) -> set[int]: ...
+
+    def seek(self, partition: int, offset: int) -> None: ...
+
+    def committed(self, partition: int, timeout_ms: int) -> int | None: ...
+
+    def highwater(self, partition: int) -> int | None: ...
+
+    def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None) -> None: ...
+
+    def commit_async(self, offsets: Mapping[int, int], done: CommitDone) -> None: ...
+
+    def close(self, timeout_s: float) -> None: ...
+
+
 class FailingPolls:
     """The bound on failing polls: log each failure, pause ``pause_s``, and raise
     :class:`~stream_anon.kafka_io.errors.ConsumerFailedError` once polls have failed for more than ``limit_s``

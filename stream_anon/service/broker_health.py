@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from kafka.errors import KafkaError
 
 from stream_anon.kafka_io.clients import backoff_delays
-from stream_anon.kafka_io.poller import GroupPoller
+from stream_anon.kafka_io.poller import Poller
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
 from stream_anon.service.broker_guard import BrokerDataLossError, BrokerGuard
@@ -52,7 +52,7 @@ class BrokerHealth:
         stopping: true once the service is stopping (no data check then).
     """
 
-    def __init__(self, guard: BrokerGuard, poller: GroupPoller, reader: PartitionReader, *, kafka: KafkaSettings,
+    def __init__(self, guard: BrokerGuard, poller: Poller, reader: PartitionReader, *, kafka: KafkaSettings,
                  input_topic: str, ledger_topic: str, ledger_partition: Callable[[int], int],
                  owned: Callable[[], Iterable[int]], stopping: Callable[[], bool]) -> None:
         self.guard = guard

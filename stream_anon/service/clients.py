@@ -20,7 +20,7 @@ from typing import Any
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import FailingPolls, GroupPoller
+from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
@@ -81,7 +81,7 @@ class MainClients:
     topics: Topics
     counts: dict[str, int]  # topic -> partitions
     guard: BrokerGuard
-    poller: GroupPoller
+    poller: Poller
     reader: PartitionReader
     health: BrokerHealth
     producers: ServiceProducers

@@ -105,8 +105,8 @@ class MainLoop:
     # ------------------------------------------------------------------ run
     def run(self) -> None:
         """Until the service is told to stop; raises what ends the run (``MainPath.run`` maps it to an exit code)."""
+        self.lag.start()  # (first: the stop path stops it whatever happens next)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
-        self.lag.start()
         cfg, a = self.cfg, self.cfg.anonymization
         log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
                  cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,

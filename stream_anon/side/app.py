@@ -69,7 +69,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
 )
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import GroupPoller, PolledRecord
+from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -78,7 +78,7 @@ from stream_anon.side.budgets import SideStateError
 from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
-from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideEvent, SidePathProcessor
+from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class SidePathApp:
         self.budget_topic = BudgetTopic(cfg, budget_topic(self.side, self.input_topic)) \
             if self.processor.budgets.persistent else None
         self.budget_store: BudgetStore | None = self.budget_topic
-        self._poller: GroupPoller | None = None
+        self._poller: Poller | None = None
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -341,26 +341,57 @@ class SidePathApp:
         return d
 
     def _process(self, partition: int, recs: Sequence[PolledRecord]) -> None:
-        status, proc, poller = self.status, self.processor, self._poller
-        assert poller is not None
-        n = len(recs)
-        where = f"{self.input_topic}[{partition}]"
         # decode everything first, then commit (at most one randomization per record), then perturb + publish
         decoded = self._decode(partition, recs)
+        if not self._commit_first(partition, recs):
+            return
+        self._count_input(partition, recs, decoded)
+        outputs: list[Out] = []
+        copies: list[CopyBatch] = []
+        events: list[SideEvent] = []
+        for records, flush_after in decoded.segments:
+            if records:
+                b = self._perturb(partition, records)
+                if b is not None:
+                    copies.extend(b.copies)
+                    outputs.extend(b.outputs)
+                    events.extend(b.events)
+                self._ended.discard(partition)
+            if flush_after:
+                self._ended.add(partition)
+                if self._all_partitions_ended():
+                    outputs.extend(self.processor.flush())
+        outputs.extend(self.processor.poll())  # timer (nothing right after a flush: no new records since)
+        if decoded.dlq:
+            assert self._producer is not None
+            self._producer.send(decoded.dlq)
+            for reason in decoded.dlq_reasons:
+                self.metrics.dead_lettered(reason)
+        self._publish(outputs, partition, copies, events)
+
+    def _commit_first(self, partition: int, recs: Sequence[PolledRecord]) -> bool:
+        """Commit the batch's offsets before anything of it is randomized; False: the commit failed, nothing of the
+        batch was randomized, and it is consumed again (seek back) or by the partition's new owner."""
+        poller = self._poller
+        assert poller is not None
         next_offset = int(recs[-1].offset) + 1
         try:
             poller.commit_sync({partition: next_offset})
+            return True
         except CommitFailedError as e:
-            # nothing of this batch was randomized yet: re-read it (or let the partition's new owner do it)
+            where = f"{self.input_topic}[{partition}]"
             log.warning("side paths: commit of %s@%d failed (%r); the batch of %d messages is not perturbed now and "
                         "will be consumed again (no record is randomized twice)", where, next_offset,
-                        e.__cause__ or e, n)
+                        e.__cause__ or e, len(recs))
             try:
                 poller.seek(partition, int(recs[0].offset))
             except ValueError as e2:  # partition revoked: its new owner starts from the committed offset
                 log.info("side paths: %s no longer assigned (%r)", where, e2)
             self.stop_event.wait(0.5)
-            return
+            return False
+
+    def _count_input(self, partition: int, recs: Sequence[PolledRecord], decoded: _Decoded) -> None:
+        status, n = self.status, len(recs)
         status.consumed += n
         status.control += decoded.controls
         self.metrics.consumed(n)
@@ -369,38 +400,23 @@ class SidePathApp:
         for attribute in decoded.clipped:
             status.clipped[attribute] = status.clipped.get(attribute, 0) + 1
             self.metrics.clipped(attribute)
-        status.positions[partition] = next_offset
-        outputs: list[Out] = []
-        copies: list[CopyBatch] = []
-        events: list[SideEvent] = []
-        for records, flush_after in decoded.segments:
-            if records:
-                try:
-                    b = proc.process_batch_encoded(records)
-                except (SidePathConfigError, ValueError, ArithmeticError) as e:  # a bug or a schema mismatch
-                    log.exception("side paths: %d records of %s not perturbed: %s", len(records), where, e)
-                    self._skip("side_path_error", len(records))
-                else:
-                    copies.extend(b.copies)
-                    outputs.extend(b.outputs)
-                    events.extend(b.events)
-                    for reason, count in b.skipped.items():
-                        self._skip(reason, count)
-                    if b.skipped.get(SKIP_PERSON_BUDGET):
-                        self._log_person_refusals()
-                    status.processed += len(records) - sum(b.skipped.values())
-                self._ended.discard(partition)
-            if flush_after:
-                self._ended.add(partition)
-                if self._all_partitions_ended():
-                    outputs.extend(proc.flush())
-        outputs.extend(proc.poll())  # timer (nothing right after a flush: no new records since)
-        if decoded.dlq:
-            assert self._producer is not None
-            self._producer.send(decoded.dlq)
-            for reason in decoded.dlq_reasons:
-                self.metrics.dead_lettered(reason)
-        self._publish(outputs, partition, copies, events)
+        status.positions[partition] = int(recs[-1].offset) + 1
+
+    def _perturb(self, partition: int, records: list[dict[str, Any]]) -> SideBatch | None:
+        """One segment of valid records through the processor (None: it failed, the records are skipped)."""
+        try:
+            b = self.processor.process_batch_encoded(records)
+        except (SidePathConfigError, ValueError, ArithmeticError) as e:  # a bug or a schema mismatch
+            log.exception("side paths: %d records of %s[%d] not perturbed: %s", len(records), self.input_topic,
+                          partition, e)
+            self._skip("side_path_error", len(records))
+            return None
+        for reason, count in b.skipped.items():
+            self._skip(reason, count)
+        if b.skipped.get(SKIP_PERSON_BUDGET):
+            self._log_person_refusals()
+        self.status.processed += len(records) - sum(b.skipped.values())
+        return b
 
     def _log_person_refusals(self) -> None:
         """A WARNING when the count of records refused by the per-person cap reaches 1, 10, 100, ... (never per
