@@ -599,8 +599,16 @@ class MainPath:
 
     def _retry_mid_run(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
-        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
-        return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0)
+        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing).  Each failed attempt also asks
+        the broker guard: a topic that is gone or was recreated raises :class:`BrokerDataLossError` (exit 4)
+        instead of retrying a read of it forever (topics are never auto-created by the service's clients)."""
+        guard = self._guard
+
+        def check_topics() -> None:
+            if guard is not None:
+                guard.check_topics()
+
+        return retry(what, fn, self.cfg, stop=self.stop_event.is_set, limit_seconds=0, on_retry=check_topics)
 
     # ------------------------------------------------------------------ input
     def _submit(self, partition: int, recs: Sequence[Any], now: float) -> bool:

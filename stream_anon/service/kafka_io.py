@@ -52,6 +52,19 @@ def client_options(cfg: Config) -> dict[str, Any]:
             "request_timeout_ms": k.request_timeout_ms, **k.security_options()}
 
 
+def no_auto_create(client: Any) -> Any:
+    """Stop a kafka-python client's metadata requests from creating topics: kafka-python 3.0 keeps its
+    ``allow_auto_create_topics`` option but never hands it to the metadata object (docs/tansu.md), so a topic that
+    is gone (deleted, or a broker that lost its data) would come back empty with the broker's default partition
+    count, and the service would write into it before the broker guard sees the change (issue 17).  Returns
+    ``client``."""
+    for cluster in (getattr(client, "_metadata", None), getattr(client, "_cluster", None),
+                    getattr(getattr(client, "_client", None), "cluster", None)):
+        if cluster is not None and isinstance(getattr(cluster, "config", None), dict):
+            cluster.config["allow_auto_create_topics"] = False
+    return client
+
+
 def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
     """0.5, 1, 2, 4 ... capped at ``max_seconds`` (exponential backoff)."""
     d = first
@@ -154,14 +167,14 @@ def make_consumer(cfg: Config, *, group_id: str | None) -> KafkaConsumer:
     extra: dict[str, Any] = {}
     if k.group_instance_id and group_id is not None:
         extra["group_instance_id"] = k.group_instance_id
-    return KafkaConsumer(**extra,
+    return no_auto_create(KafkaConsumer(**extra,
         **client_options(cfg), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
         session_timeout_ms=k.session_timeout_ms,
         heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),
         max_poll_interval_ms=k.max_poll_interval_ms, max_poll_records=k.max_poll_records,
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
         fetch_max_wait_ms=k.fetch_max_wait_ms,
-    )
+    ))
 
 
 class PartitionReader:
@@ -173,9 +186,9 @@ class PartitionReader:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.request_timeout_s = cfg.kafka.request_timeout_ms / 1000.0
-        self.consumer = KafkaConsumer(**client_options(cfg), group_id=None, enable_auto_commit=False,
-                                      auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
-                                      fetch_max_wait_ms=20)
+        self.consumer = no_auto_create(KafkaConsumer(
+            **client_options(cfg), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            max_partition_fetch_bytes=4 * 1048576, fetch_max_wait_ms=20))
 
     def close(self) -> None:
         self.consumer.close()
