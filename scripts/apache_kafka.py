@@ -365,25 +365,45 @@ class KafkaCluster:
                                          preexec_fn=preexec)
         node.pid = node.proc.pid
 
-    def start(self, timeout_s: float = 180.0) -> float:
+    def start(self, timeout_s: float = 180.0, port_attempts: int = 3) -> float:
         """Fetch, format what is not formatted, start every node that is not running and wait until ready
-        (:meth:`wait_ready`); returns the seconds from spawning the JVMs until ready."""
+        (:meth:`wait_ready`); returns the seconds from spawning the JVMs until ready.  A port taken by another
+        process between choosing it and the JVM's bind (another test on this machine) is chosen again, up to
+        ``port_attempts`` times (the ports live in ``server.properties`` only, not in the formatted storage)."""
         self.libs = fetch(self.version, self.cache_dir)
         self._plan()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._format(list(self.members.values()))
-        t0 = time.monotonic()
-        for node in self.members.values():
-            if not node.alive():
-                self._spawn(node)
-        self.write_state()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop(timeout_s=10)
-            raise
-        self.started_in_s = time.monotonic() - t0
-        return self.started_in_s
+        for attempt in range(1, port_attempts + 1):
+            t0 = time.monotonic()
+            for node in self.members.values():
+                if not node.alive():
+                    self._spawn(node)
+            self.write_state()
+            try:
+                self.wait_ready(timeout_s)
+            except KafkaSetupError:
+                self.stop(timeout_s=10)
+                if attempt == port_attempts or not self._port_taken():
+                    raise
+                self.members = {i: KafkaNode(i, free_port(), free_port(), n.dir) for i, n in self.members.items()}
+                continue
+            except BaseException:
+                self.stop(timeout_s=10)
+                raise
+            self.started_in_s = time.monotonic() - t0
+            return self.started_in_s
+        raise AssertionError("unreachable")
+
+    def _port_taken(self) -> bool:
+        """Whether a node's start failed because its port was in use."""
+        for n in self.members.values():
+            out = n.dir / "stdout.log"
+            text = (out.read_text(errors="replace") if out.exists() else "") + \
+                (n.log_path.read_text(errors="replace") if n.log_path.exists() else "")
+            if "Address already in use" in text:
+                return True
+        return False
 
     def node(self, node_id: int) -> KafkaNode:
         return self.members[node_id]
