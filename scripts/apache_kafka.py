@@ -571,10 +571,11 @@ class KafkaCluster:
                 time.sleep(0.2)
         raise KafkaSetupError(f"cluster not writable after {timeout_s:.0f} s (last error {last!r})")
 
-    def describe(self, topic: str) -> list[dict[str, Any]]:
-        """The partitions of ``topic`` as the metadata describes them: ``partition``, ``leader`` (-1: none),
-        ``replicas``, ``isr``, ``leader_epoch``, sorted by partition (empty: no such topic)."""
-        admin = self._admin()
+    def describe(self, topic: str, servers: str | None = None) -> list[dict[str, Any]]:
+        """The partitions of ``topic`` as the metadata (of ``servers``, default any node) describes them:
+        ``partition``, ``leader`` (-1: none), ``replicas``, ``isr``, ``leader_epoch``, sorted by partition (empty:
+        no such topic)."""
+        admin = self._admin(servers)
         try:
             d = admin.describe_topics([topic])[0]
         finally:
@@ -592,13 +593,16 @@ class KafkaCluster:
         raise KafkaSetupError(f"{topic}[{partition}] not found")
 
     def wait_in_sync(self, topics: Sequence[str], timeout_s: float = 120.0) -> None:
-        """Until every partition of ``topics`` has a leader and all its replicas in the ISR."""
+        """Until every partition of ``topics`` has a leader and all its replicas in the ISR, in the metadata of
+        every running node (a topic just created reaches the other nodes' metadata a little later)."""
         from kafka.errors import KafkaError
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                parts = [p for t in topics for p in self.describe(t)]
-                if parts and all(p["leader"] >= 0 and set(p["isr"]) == set(p["replicas"]) for p in parts):
+                views = [[p for t in topics for p in self.describe(t, n.address)]
+                         for n in self.members.values() if n.alive()]
+                if views and all(parts and len(parts) == len(views[0]) and all(
+                        p["leader"] >= 0 and set(p["isr"]) == set(p["replicas"]) for p in parts) for parts in views):
                     return
             except (KafkaError, OSError, IndexError):
                 pass
