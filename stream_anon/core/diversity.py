@@ -50,7 +50,7 @@ TOLERANCE = 1e-9
 """Slack of the floating-point comparisons (entropy in nats, EMD in [0, 1])."""
 
 __all__ = ["DISTANCES", "MODELS", "TOLERANCE", "DiversityParameterError", "DiversityRequirement", "RunningReference",
-           "sorted_values", "value_sort_key", "counts_matrix", "emd", "entropy"]
+           "sorted_values", "value_sort_key", "counts_matrix", "emd", "entropy", "disclosure_figures"]
 
 
 class DiversityParameterError(ValueError):
@@ -372,6 +372,42 @@ class DiversityRequirement:
         if self.t is not None:
             parts.append(f"{self.t}-closeness ({self.distance} distance)")
         return " and ".join(parts) or "none"
+
+
+# ---------------------------------------------------------------------------------------------- disclosure figures
+def disclosure_figures(classes: Iterable[Mapping[Any, int]], prior: Mapping[Any, int] | None = None,
+                       share: float = 0.9) -> dict[str, Any]:
+    """What released classes disclose about the sensitive value, from each class's counts (value -> count):
+
+    * ``records``, ``classes``;
+    * ``share_dominated``: share of released records in classes where one value has >= ``share`` of the class;
+    * ``majority_guess``: an attacker who places a record in its class and guesses the class's most frequent
+      value is right for this share of released records (sum over classes of the largest count / records);
+    * ``prior_released``: the same guess without the release (the overall most frequent value), over the
+      released records; ``prior`` (given the counts of all input records): over all records.
+    """
+    n = dominated = right = n_classes = 0
+    overall: dict[Any, int] = {}
+    for c in classes:
+        size = sum(c.values())
+        if size <= 0:
+            continue
+        top = max(c.values())
+        n_classes += 1
+        n += size
+        right += top
+        if top >= share * size:
+            dominated += size
+        for v, k in c.items():
+            overall[v] = overall.get(v, 0) + k
+    out: dict[str, Any] = {
+        "records": n, "classes": n_classes, "share_dominated": dominated / n if n else 0.0,
+        "dominance_threshold": share, "majority_guess": right / n if n else 0.0,
+        "prior_released": max(overall.values()) / n if n else 0.0,
+    }
+    if prior is not None and sum(prior.values()) > 0:
+        out["prior"] = max(prior.values()) / sum(prior.values())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the reference
