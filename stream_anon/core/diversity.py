@@ -247,6 +247,7 @@ class DiversityRequirement:
         if self.t is not None:
             if reference is None:
                 raise ValueError("t-closeness needs the reference distribution")
+            ok &= np.asarray(reference, dtype=np.float64).sum(axis=-1) > 0  # no reference: nothing to be close to
             ok &= emd(c, reference, self.distance) <= self.t + TOLERANCE
         return ok
 
