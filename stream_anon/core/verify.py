@@ -500,12 +500,13 @@ def _check_model(values: pd.Series, cids: pd.Series, req: DiversityRequirement,
     else:
         refs = ref_table.to_numpy(dtype=np.float64)
         d_ref = emd(counts, refs, req.distance)
-        bad_t = np.flatnonzero(~t_req.check(counts, refs))
+        stated = refs.sum(axis=1) > 0  # a class without one is reported above
+        bad_t = np.flatnonzero(~t_req.check(counts, refs) & stated)
         what = "its stated reference"
         over = int(np.count_nonzero(d_own > req.t + 1e-9))
         notes.append(f"against the file's own distribution of {sensitive!r} (not the claim): {over} of {len(counts)} "
                      f"classes are farther than t={req.t} (max EMD {float(d_own.max()):.4f}; against the stated "
-                     f"references max {float(d_ref.max()):.4f})")
+                     f"references max {float(d_ref[stated].max()) if stated.any() else 0.0:.4f})")
     dist = d_own if ref_table is None else emd(counts, ref_table.to_numpy(dtype=np.float64), req.distance)
     msgs = [f"class {table.index[i]!r}: EMD of {sensitive!r} to {what} {float(dist[i]):.4f} > t={req.t} "
             f"({req.distance} distance)" for i in bad_t[:MAX_MESSAGES_PER_CHECK]]

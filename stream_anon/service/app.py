@@ -305,9 +305,10 @@ class MainPath:
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         self.lag_monitor = LagMonitor(cfg, self.metrics, lambda: self.view).start()
         a = cfg.anonymization
-        log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
-                 cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
-                 cfg.topics.suppressed, cfg.topics.dlq, self.ledger_topic)
+        req = a.requirement(self.schema)
+        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+                 cfg.topics.input, cfg.kafka.group_id, a.k, req.describe() if req is not None else "no diversity",
+                 a.delta, a.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq, self.ledger_topic)
         self.ready.set()
         rc = 0
         try:

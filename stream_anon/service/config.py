@@ -149,7 +149,7 @@ class AnonymizationSettings:
     l: int | float | None = 2  # noqa: E741  (l of the l-diversity model; null: none, see docs/threat-model.md)
     diversity: str = "distinct"  # distinct | entropy | recursive (the l-diversity model, core/diversity.py)
     c: float | None = None  # c of recursive (c, l)-diversity
-    t_closeness: float | None = None  # t of t-closeness against the stream's running distribution; null: off
+    t_closeness: float | None = 0.2  # t-closeness against the stream's running distribution (null: off; threat-model.md)
     t_distance: str = "auto"  # auto | equal | ordered: ground distance of t-closeness
     t_reference_every: int | None = None  # the running distribution is frozen every this many arrivals (null: delta)
     zeta: int | None = 0  # CASTLE's cluster reuse: the service requires 0 (docs/threat-model.md)
@@ -345,22 +345,25 @@ class Config:
 
 
 def _check_service_privacy(a: AnonymizationSettings, schema: Schema) -> None:
-    """The service's threat-model defaults (docs/threat-model.md): no cluster reuse; l-diversity that the
-    schema's sensitive attribute can satisfy."""
+    """The service's threat-model defaults (docs/threat-model.md): no cluster reuse; l-diversity and t-closeness
+    that the schema's sensitive attribute can satisfy."""
     if a.zeta != 0:
         got = "null (the engine's default reuse)" if a.zeta is None else repr(a.zeta)
         raise ConfigError(f"option anonymization.zeta: CASTLE's cluster reuse publishes single records, which a "
                           f"reader of the anon topic can re-identify by arrival time; the service requires 0, got "
                           f"{got} (docs/threat-model.md)")
-    if a.t_closeness is not None and not schema.sensitive:
-        raise ConfigError(f"option anonymization.t_closeness: t-closeness needs a sensitive attribute and schema "
-                          f"{schema.name!r} has none; set anonymization.t_closeness: null (docs/threat-model.md)")
-    if a.l is None or a.l <= 1:
+    wants_l = a.l is not None and a.l > 1
+    if not schema.sensitive and (wants_l or a.t_closeness is not None):
+        also = " and anonymization.t_closeness: null" if a.t_closeness is not None else ""
+        if wants_l:
+            raise ConfigError(f"option anonymization.l: l-diversity (default 2 in the service) needs a sensitive "
+                              f"attribute and schema {schema.name!r} has none; set anonymization.l: null{also} to "
+                              f"release k-anonymous classes without it (docs/threat-model.md)")
+        raise ConfigError(f"option anonymization.t_closeness: t-closeness (default 0.2 in the service) needs a "
+                          f"sensitive attribute and schema {schema.name!r} has none; set anonymization.t_closeness: "
+                          f"null to release k-anonymous classes without it (docs/threat-model.md)")
+    if not wants_l:
         return
-    if not schema.sensitive:
-        raise ConfigError(f"option anonymization.l: l-diversity (default 2 in the service) needs a sensitive "
-                          f"attribute and schema {schema.name!r} has none; set anonymization.l: null to release "
-                          f"k-anonymous classes without it (docs/threat-model.md)")
     attr = schema.sensitive[0]
     values = attr.domain_values
     if values and len(values) < a.l:
