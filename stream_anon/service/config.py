@@ -362,7 +362,7 @@ def _check_service_privacy(a: AnonymizationSettings, schema: Schema) -> None:
         raise ConfigError(f"option anonymization.t_closeness: t-closeness (default 0.2 in the service) needs a "
                           f"sensitive attribute and schema {schema.name!r} has none; set anonymization.t_closeness: "
                           f"null to release k-anonymous classes without it (docs/threat-model.md)")
-    if not wants_l:
+    if not wants_l or a.l is None:
         return
     attr = schema.sensitive[0]
     values = attr.domain_values
