@@ -28,7 +28,7 @@ class SensitiveCodes:
     """Value codes of the sensitive attribute and the requirement's check on code-indexed count rows.
 
     ``on_grow(width)`` is called after the width grew, for the owner to resize its own count arrays
-    (:meth:`resize` helps).
+    (:func:`resize` helps).
     """
 
     def __init__(self, requirement: DiversityRequirement, domain: tuple[Any, ...] = (), *,
@@ -36,7 +36,7 @@ class SensitiveCodes:
         self.req = requirement
         self.codes: dict[Any, int] = {v: i for i, v in enumerate(domain)}
         self.values: list[Any] = list(domain)
-        self.width = max(len(domain), INITIAL_WIDTH if not domain else len(domain))
+        self.width = len(domain) if domain else INITIAL_WIDTH
         self.on_grow = on_grow
         self.every = every
         self.t = requirement.t is not None
