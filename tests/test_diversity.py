@@ -216,3 +216,61 @@ def test_emd_is_a_distance_in_0_1_and_scale_free(p: list[int], data: st.DataObje
     if a.sum() > 0:
         assert float(emd(a, a, distance)) == pytest.approx(0.0, abs=1e-12)
         assert req(t=1.0, distance=distance).check(a, b) == (b.sum() > 0)  # t = 1 admits every class
+
+
+# ---------------------------------------------------------------------------------------------- class + LDP copies
+def _posterior_odds(values: list[str], lik: list[dict[str, float]], v: str, w: str) -> float:
+    """Exact odds P(T=v)/P(T=w) for member 0 of a class whose multiset of values is ``values`` (all assignments
+    equally likely a priori), given each member's copy likelihoods ``lik[i][value]``."""
+    from itertools import combinations
+
+    def arrangements(members: tuple[int, ...], left: list[str]) -> list[dict[int, str]]:
+        if not left:
+            return [{}]
+        x = left[0]
+        k = left.count(x)
+        rest = [y for y in left if y != x]
+        out = []
+        for chosen in combinations(members, k):
+            others = tuple(m for m in members if m not in chosen)
+            for tail in arrangements(others, rest):
+                out.append({**{m: x for m in chosen}, **tail})
+        return out
+
+    num = {v: 0.0, w: 0.0}
+    for sigma in arrangements(tuple(range(len(values))), sorted(values)):
+        if sigma[0] in num:
+            p = 1.0
+            for i, x in sigma.items():
+                p *= lik[i][x]
+            num[sigma[0]] += p
+    return num[v] / num[w]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cv=st.integers(1, 3), cw=st.integers(1, 3), cu=st.integers(0, 1), eps_t=st.floats(0.0, 2.0),
+       eps_o=st.floats(0.0, 2.0), data=st.data())
+def test_class_with_linked_ldp_copies_is_bounded_by_e_to_eps_t_plus_eps_o(
+        cv: int, cw: int, cu: int, eps_t: float, eps_o: float, data: st.DataObject) -> None:
+    """docs/threat-model.md, "Combining a class with LDP copies": the odds a class gives, c_v / c_w, times at most
+    e^(eps_T) e^(eps_O) (not e^eps), and the bound is attained."""
+    values = ["v"] * cv + ["w"] * cw + ["u"] * cu
+    n = len(values)
+
+    def copy(eps: float) -> dict[str, float]:  # an eps-LDP copy: likelihoods within a factor e^eps of each other
+        return {x: math.exp(data.draw(st.floats(0.0, 1.0)) * eps) for x in "vwu"}
+
+    lik = [copy(eps_t)] + [copy(eps_o) for _ in range(n - 1)]
+    bound = cv / cw * math.exp(eps_t) * math.exp(eps_o)
+    assert _posterior_odds(values, lik, "v", "w") <= bound * (1 + 1e-9)
+    worst = [{"v": math.exp(eps_t), "w": 1.0, "u": 1.0}] + [{"v": 1.0, "w": math.exp(eps_o), "u": 1.0}] * (n - 1)
+    if cu == 0:
+        assert _posterior_odds(values, worst, "v", "w") == pytest.approx(bound)
+
+
+def test_the_documented_example() -> None:
+    # 7 x <=50K, 3 x >50K, every member's income copy eps = 1: odds 3/7 -> 3/7 e^2 = 3.17, probability 0.76
+    values = [">"] * 3 + ["<"] * 7
+    worst = [{">": math.e, "<": 1.0}] + [{">": 1.0, "<": math.e}] * 9
+    odds = _posterior_odds(values, worst, ">", "<")
+    assert odds == pytest.approx(3 / 7 * math.e ** 2) and odds / (1 + odds) == pytest.approx(0.7600, abs=1e-4)
