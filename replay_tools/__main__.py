@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.core.datasets import ADULT_ENV
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 
 
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "python -m replay_tools"
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # kafka-python's retry chatter; failures are counted
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
     with InterruptGuard() as interrupts:
         try:
             if argv[:1] == ["udp-loss-bench"]:  # its own parser (argparse REMAINDER does not take leading options)

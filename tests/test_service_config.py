@@ -171,10 +171,15 @@ def _people_schema(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_custom_schema_needs_its_own_side_path_attributes(tmp_path: Path) -> None:
+def test_a_custom_schema_takes_its_side_path_attributes_from_the_schema(tmp_path: Path) -> None:
+    """Issue 20: a schema that declares no side-path attributes loads, with its side paths off (and said why);
+    attributes listed in the configuration are still checked against the schema."""
     schema = _people_schema(tmp_path)
+    cfg = Config.load(env={}, overrides={"anonymization.schema": str(schema)})
+    assert cfg.side_paths.krr.attributes is None
+    assert "schema 'people' declares no side-path attributes" in (cfg.side_paths_off() or "")
     with pytest.raises(ConfigError, match=r"side_paths\.krr\.attributes.*'people'.*'sex'"):
-        Config.load(env={}, overrides={"anonymization.schema": str(schema)})
+        Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.krr.attributes": "sex"})
     assert Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.enabled": False})
     ok = Config.load(env={}, overrides={
         "anonymization.schema": str(schema), "side_paths.krr.attributes": "diagnosis", "side_paths.rs.enabled": False,
@@ -185,7 +190,7 @@ def test_a_custom_schema_needs_its_own_side_path_attributes(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("args", [
     ["--set", "side_paths.krr.epsilon=-1"],
-    ["--schema", "SCHEMA"],
+    ["--schema", "SCHEMA", "--set", "side_paths.krr.attributes=sex"],
     ["--k", "1"],
 ])
 def test_run_refuses_invalid_options_with_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:

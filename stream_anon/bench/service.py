@@ -36,6 +36,7 @@ from stream_anon.config.settings import Config
 from stream_anon.core.datasets import resolve_adult_path
 from stream_anon.core.schema import adult_schema
 from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="service option for the main-path runs (e.g. service.workers=0)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
     adult = str(resolve_adult_path(args.adult))
     broker = None
     bs = args.bootstrap_servers

@@ -7,7 +7,8 @@ never a sub-command silently missing.  A command's heavy work (the service's cli
 matplotlib for the report) is imported when the command runs.
 
 Logging: ``--log-level`` (default INFO) for stream-anon's own loggers; the Kafka client libraries' loggers
-(:data:`CLIENT_LOGGERS`: kafka-python logs every connection at INFO) stay at WARNING unless the level is DEBUG.
+(:data:`CLIENT_LOGGERS`: kafka-python's and librdkafka's) are off unless the level is DEBUG
+(:func:`~stream_anon.kafka_io.lifecycle.quiet_client_libraries`): stream-anon says what the operator needs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from types import ModuleType
 import stream_anon
 from stream_anon.cli import anonymize, audit, bench, privacy, report, service, udp
 from stream_anon.cli.arguments import one_line_errors
+from stream_anon.kafka_io.lifecycle import (
+    CLIENT_LOGGERS as CLIENT_LOGGERS,  # re-exported: the loggers it quiets
+)
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 
 # Sub-command modules, in the order they appear in --help (a module that cannot be imported is an error, never
 # skipped: the import above fails).
@@ -37,8 +42,6 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
 )
 
 
-CLIENT_LOGGERS = ("kafka", "librdkafka")
-"""kafka-python's loggers, and the one the confluent-kafka producer is given (``service/producer.py``)."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -84,7 +87,7 @@ class CancelledMetadataRefresh(logging.Filter):
 
 
 def configure_logging(level_name: str) -> None:
-    """The root logger at ``level_name``; the Kafka client libraries at WARNING (or higher) unless DEBUG; the
+    """The root logger at ``level_name``; the Kafka client libraries off unless DEBUG; the
     benign ``Metadata refresh: failed Cancelled`` of closing clients dropped (:class:`CancelledMetadataRefresh`)."""
     cluster = logging.getLogger("kafka.cluster")
     if not any(isinstance(f, CancelledMetadataRefresh) for f in cluster.filters):
@@ -92,8 +95,7 @@ def configure_logging(level_name: str) -> None:
     level = getattr(logging, level_name.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)  # also when a handler exists already (basicConfig then does nothing)
-    for name in CLIENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))
+    quiet_client_libraries(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

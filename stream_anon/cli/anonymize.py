@@ -20,9 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from stream_anon.cli.arguments import (
     UsageError,
@@ -34,11 +32,16 @@ from stream_anon.cli.arguments import (
     output_file,
     write_text,
 )
-from stream_anon.core.datasets import ADULT_ENV, DatasetError, check_record_ids, read_records
-from stream_anon.core.engine import Engine, EngineConfig, EngineConfigError, Release
-from stream_anon.core.loss import summarize_releases
-from stream_anon.core.schema import Schema, SchemaError, adult_schema
-from stream_anon.core.verify import ReleaseRoles, RolesError, verify_release_file, write_release_meta
+from stream_anon.core.defaults import DEFAULTS
+
+if TYPE_CHECKING:  # pandas, numpy and the engine are imported when a command runs, not for --help
+    import pandas as pd
+
+    from stream_anon.core.engine import Engine, EngineConfig, Release
+    from stream_anon.core.schema import Schema
+    from stream_anon.core.verify import ReleaseRoles
+
+ADULT_ENV = "STREAM_ANON_ADULT"  # stream_anon.core.datasets.ADULT_ENV (not imported: pandas)
 
 CLASS_ID_COLUMN = "class_id"
 RECORD_ID_COLUMN = "record_id"
@@ -48,6 +51,8 @@ OPAQUE_ID_BITS = 64
 # ============================================================================ input
 def build_schema(args: argparse.Namespace) -> Schema:
     """The schema of ``--schema`` (default ADULT) with the roles of ``--qi`` / ``--sensitive``."""
+    from stream_anon.core.schema import SchemaError
+
     schema = load_schema("--schema", args.schema)
     qis = comma_list("--qi", args.qi)
     if qis is not None or args.sensitive is not None:
@@ -68,6 +73,8 @@ def build_schema(args: argparse.Namespace) -> Schema:
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine parameters; an invalid one names its option (``--k: must be an integer >= 2, got 1``)."""
+    from stream_anon.core.engine import EngineConfig, EngineConfigError
+
     try:
         return EngineConfig(
             k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
@@ -80,6 +87,11 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def build_engine(schema: Schema, config: EngineConfig) -> Engine:
+    from stream_anon.core.engine import Engine, EngineConfigError
+
+    if config.l is not None and config.l > 1 and not schema.sensitive:
+        raise UsageError(f"--l: l-diversity (default {DEFAULTS.l}) needs a sensitive attribute and schema "
+                         f"{schema.name!r} has none; pass --l none to release k-anonymous classes without it")
     try:
         return Engine(schema, config)
     except EngineConfigError as e:
@@ -91,6 +103,8 @@ def build_engine(schema: Schema, config: EngineConfig) -> Engine:
 
 def load_input(path: Path, schema: Schema, fmt: str | None, *, schema_given: bool) -> tuple[pd.DataFrame, str]:
     """The validated records of ``path``; duplicate record ids are refused (see ``check_record_ids``)."""
+    from stream_anon.core.datasets import DatasetError, check_record_ids, read_records
+
     try:
         df, fmt = read_records(path, schema, fmt)
         check_record_ids(df, schema, where=str(path))
@@ -140,6 +154,8 @@ def delay_stats(releases: Sequence[Release]) -> dict[str, Any]:
 
 def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> dict[str, Any]:
     """The summary JSON: loss metrics (core/loss.py), delays, counts, throughput, parameters (no per-record data)."""
+    from stream_anon.core.loss import summarize_releases
+
     cfg = engine.config
     loss = summarize_releases(releases, engine.schema, cfg.k).as_dict()
     n_in = engine.records_in
@@ -185,6 +201,10 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
     ``keep_ids``: the internal layout: ``record_id``, the person id column (when the schema has one), the
     engine's class id, QIs, sensitive value(s), in release order.
     """
+    import pandas as pd
+
+    from stream_anon.core.verify import ReleaseRoles
+
     qis = [a.name for a in schema.attributes if a.is_qi]
     sens = [a.name for a in schema.sensitive]
     rid_field = schema.record_id or "id"
@@ -230,6 +250,8 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
 def write_release(path: Path, table: pd.DataFrame, roles: ReleaseRoles, schema: Schema,
                   config: EngineConfig) -> Path:
     """Write the released CSV and its meta file ``<path>.meta.json``; returns the meta file's path."""
+    from stream_anon.core.verify import write_release_meta
+
     try:
         table.to_csv(path, index=False)
         return write_release_meta(
@@ -281,9 +303,12 @@ def cmd_anonymize(args: argparse.Namespace) -> int:
     return 0
 
 
-@guarded("stream-anon verify", RolesError, ValueError)
+@guarded("stream-anon verify", ValueError)  # core.verify.RolesError is a ValueError
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every check passes, 1 on a violation, 2 when the roles or the input are unclear."""
+    from stream_anon.core.schema import adult_schema
+    from stream_anon.core.verify import verify_release_file
+
     if args.k < 2:
         raise UsageError(f"--k: must be an integer >= 2 (k=1 holds for any table), got {args.k}")
     if args.l is not None and args.l < 1:
@@ -315,17 +340,36 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def optional_int(text: str) -> int | None:
+    """argparse ``type``: an integer, or ``none`` (the option off)."""
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=10, help="k: distinct individuals per released class (>= 2; default 10)")
-    p.add_argument("--delta", type=int, default=1000, help="delay bound in arrivals (>= k; default 1000)")
-    p.add_argument("--beta", type=int, default=50, help="max open clusters (>= 1; default 50)")
-    p.add_argument("--mu", type=int, default=100, help="recent released clusters that set tau (>= 1; default 100)")
-    p.add_argument("--algorithm", choices=["castle", "ubdsa"], default="castle")
-    p.add_argument("--loss", choices=["gt", "lm", "ubdsa"], default="gt", help="loss scoring the cluster choice")
-    p.add_argument("--leftover", choices=["suppress", "leftover"], default="suppress")
+    """The engine's options, with the defaults every command shares (:mod:`stream_anon.core.defaults`)."""
+    d = DEFAULTS
+    p.add_argument("--k", type=int, default=d.k, help=f"k: distinct individuals per released class (>= 2; default "
+                                                      f"{d.k})")
+    p.add_argument("--delta", type=int, default=d.delta, help=f"delay bound in arrivals (>= k; default {d.delta})")
+    p.add_argument("--beta", type=int, default=d.beta, help=f"max open clusters (>= 1; default {d.beta})")
+    p.add_argument("--mu", type=int, default=d.mu, help=f"recent released clusters that set tau (>= 1; default {d.mu})")
+    p.add_argument("--algorithm", choices=["castle", "ubdsa"], default=d.algorithm,
+                   help=f"default {d.algorithm}")
+    p.add_argument("--loss", choices=["gt", "lm", "ubdsa"], default=d.loss,
+                   help=f"loss scoring the cluster choice (default {d.loss})")
+    p.add_argument("--leftover", choices=["suppress", "leftover"], default=d.leftover, help=f"default {d.leftover}")
     p.add_argument("--delta-leftover", type=int, default=None, help="max further wait in the leftover cluster")
-    p.add_argument("--l", type=int, default=None, help="l-diversity: distinct sensitive values per class")
-    p.add_argument("--zeta", type=int, default=1000, help="released clusters kept for reuse (0: no reuse)")
+    p.add_argument("--l", type=optional_int, default=d.l,
+                   help=f"l-diversity: distinct sensitive values per class (default {d.l}, as the service; 'none' "
+                        f"for a schema without a sensitive attribute)")
+    p.add_argument("--zeta", type=int, default=d.zeta,
+                   help=f"released clusters kept for CASTLE's reuse (default {d.zeta}: no reuse, as the service; "
+                        f"reuse publishes single records, docs/threat-model.md)")
     p.add_argument("--max-age", type=int, default=None, help="drop reuse clusters older than this many arrivals")
     p.add_argument("--adaptive-delay", action="store_true", help="adapt the delay within [delta-min, delta]")
     p.add_argument("--delta-min", type=int, default=None, help="lower bound of the adaptive delay")

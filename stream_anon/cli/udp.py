@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import signal
 import sys
 import threading
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.metrics.endpoint import MetricsEndpointError, serve_metrics
 from stream_anon.replay.kafka_replay import ensure_topic
@@ -67,8 +67,7 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"stream-anon udp-bridge: {e}", file=sys.stderr)
         return 2
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python logs every connection at INFO
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
     metrics = ServiceMetrics(CollectorRegistry())
     with contextlib.ExitStack() as stack:
         sink: RecordSink

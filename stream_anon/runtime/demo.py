@@ -47,11 +47,16 @@ from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
 from stream_anon.core.verify import ReleaseRoles, verify_release_frame, write_release_meta
 from stream_anon.kafka_io.broker import EmbeddedBroker
-from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
+from stream_anon.kafka_io.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    quiet_client_libraries,
+    quiet_closing_clients,
+)
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import ReplayStats, replay_records
 from stream_anon.replay.synthetic import synthetic_adult_records
-from stream_anon.runtime.run import start_metrics
+from stream_anon.runtime.run import start_metrics, without_idle_side_paths
 from stream_anon.runtime.supervisor import SidePaths
 from stream_anon.service.app import LOOP_REQUEST_TIMEOUT_MS, MainPath, MainPathTotals
 from stream_anon.service.audit import (
@@ -132,7 +137,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
              run_dir: str | None = None, synthetic: bool = False, download: bool = True, timeout: float = 600.0,
              stop_event: threading.Event | None = None, progress: bool = True) -> int:
     t_start = time.monotonic()
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
+    quiet_client_libraries()  # the client libraries' lines never reach the operator (but at DEBUG)
     quiet_closing_clients()
     stop_event = stop_event or threading.Event()
     out_dir = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -151,6 +156,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     assert bs is not None
     # the side paths' exact statistics beside the estimates, to print estimate errors (demo only: NOT private)
     cfg = dataclasses.replace(cfg, side_paths=dataclasses.replace(cfg.side_paths, truth=True))
+    cfg = without_idle_side_paths(cfg)
     cfg, secret = with_release_secret(cfg)  # once, for the main path, its workers and the side paths
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
@@ -222,8 +228,6 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
             side.stop()
         if main_thread is not None:
             main_thread.join(STOP_GRACE_SECONDS + 4 * CLOSE_TIMEOUT_SECONDS + LOOP_REQUEST_TIMEOUT_MS / 1000.0)
-        # kafka-python clients still closing log "Metadata refresh failed" once the run is over: not an error here
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
         if broker is not None:
             broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
     _print_summary(summary, out_dir)

@@ -31,6 +31,7 @@ from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     die_with_parent,
+    quiet_client_libraries,
     quiet_closing_clients,
 )
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -90,7 +91,7 @@ class SidePaths:
         elif self.mode == "process":
             ctx = mp.get_context("spawn")
             self._conn, child_end = ctx.Pipe(duplex=True)
-            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end), name="stream-anon-side-paths",
+            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end, logging.getLogger().getEffectiveLevel()), name="stream-anon-side-paths",
                                         daemon=False)
             self._process.start()
             child_end.close()
@@ -166,15 +167,15 @@ class SidePaths:
         return self.progress()
 
 
-def side_process_main(cfg: Config, conn: Connection) -> None:
+def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.INFO) -> None:
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
-    ``conn``."""
+    ``conn``; logging at the service's ``log_level``."""
     parent = mp.parent_process()
     die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
         signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()
     metrics = ServiceMetrics(CollectorRegistry())
     if cfg.service.side_metrics_port:

@@ -69,6 +69,7 @@ from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, StopClock
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.privacy.display import format_epsilon, format_epsilons
 from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
 from stream_anon.side.budgets import SideStateError
 from stream_anon.side.decoding import SideDecoder
@@ -179,6 +180,13 @@ class SidePathApp:
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
 
+    def output_topics(self) -> list[str]:
+        """The side topics of the paths that run (only those are created): the per-record topics with an
+        attribute, the estimates topic when one of them runs, the k-means topic when k-means runs."""
+        t, p = self.topics, self.processor
+        per_record = [topic for topic in (t.krr, t.rs, t.blap) if topic in p.epsilon_per_record]
+        return [*per_record, *([t.estimates] if per_record else []), *([t.kmeans] if p.kmeans_enabled else [])]
+
     def startup_warnings(self) -> list[str]:
         """Lines logged as WARNING at start: seeded noise, a generated pseudonym secret, the truth tracker."""
         out = []
@@ -207,7 +215,7 @@ class SidePathApp:
             admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)
             t = self.topics
             # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
-            wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
+            wanted = [*self.output_topics(), *([t.dlq] if self.side.dead_letter else [])]
             layout = cfg.topics.layout()
             counts = retry("create side topics", lambda: ensure_topics(admin, wanted, layout), cfg.kafka, stop=stop)
             topic = self.budget_topic
@@ -236,9 +244,10 @@ class SidePathApp:
         self._consumer.subscribe([self.input_topic])
         self.metrics.budgets()
         p = self.processor
-        log.info("side paths: consuming %s as group %r -> %s; exact eps per record %s, k-means window %r, all side "
-                 "outputs %r", self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
-                 p.epsilon_per_record, p.epsilon_kmeans, p.epsilon_all_topics)
+        log.info("side paths: consuming %s as group %r -> %s; exact eps per record: %s; k-means window %s; all "
+                 "side outputs %s", self.input_topic, self.group_id, ", ".join(self.output_topics()),
+                 format_epsilons(p.epsilon_per_record), format_epsilon(p.epsilon_kmeans),
+                 format_epsilon(p.epsilon_all_topics))
         self.status.ready.set()
         rc = 0
         try:
