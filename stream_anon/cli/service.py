@@ -290,6 +290,9 @@ def register(sub: Any) -> None:
     d.add_argument("--no-download", action="store_true", help="never try to download ADULT")
     d.add_argument("--timeout", type=_at_least(0, float, above=True), default=600.0,
                    help="give up after this many seconds")
+    d.add_argument("--connect-timeout", type=_at_least(0, float, above=True), default=30.0, metavar="SECONDS",
+                   help="with --bootstrap-servers: give up (exit 3, one line naming the address) when the broker does "
+                        "not accept a connection within this time (default 30)")
     d.set_defaults(func=_demo)
     one_line_errors(d)
 
@@ -343,7 +346,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         return run_demo(cfg, adult=args.adult, records=args.records, rate=args.rate, run_dir=args.run_dir,
                         synthetic=args.synthetic, download=not args.no_download, timeout=args.timeout,
-                        stop_event=stop)
+                        stop_event=stop, connect_timeout=args.connect_timeout)
     except DatasetError as e:  # the ADULT file: missing, malformed or short (read before anything starts)
         print(f"stream-anon demo: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from stream_anon.kafka_io.lifecycle import (
     quiet_client_libraries,
     quiet_closing_clients,
 )
-from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.definitions import MAIN, SIDE, ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.runtime.supervisor import SidePaths
 from stream_anon.service.accounting import StopCounts, stop_line
@@ -48,6 +48,13 @@ def without_idle_side_paths(cfg: Config) -> Config:
     return cfg.with_options({"side_paths.enabled": False}, origin="schema without side-path attributes")
 
 
+def exported_parts(cfg: Config) -> frozenset[str]:
+    """The metrics this process exports: the main path's, and the side paths' only when they run in one of its
+    threads (``service.side_paths_mode = thread``; a side-path process exports its own on its own port)."""
+    side_here = cfg.side_paths.enabled and cfg.service.side_paths_mode == "thread"
+    return frozenset({MAIN, SIDE}) if side_here else frozenset({MAIN})
+
+
 def stop_counts(main: MainPath) -> StopCounts:
     """The main path's totals at its stop, with the records its engines still buffer (:class:`StopCounts`)."""
     t = main.totals
@@ -69,7 +76,7 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     stop_event = stop_event or threading.Event()
     cfg = without_idle_side_paths(cfg)
     registry = registry or CollectorRegistry()
-    metrics = ServiceMetrics(registry)
+    metrics = ServiceMetrics(registry, parts=exported_parts(cfg))
     quiet_closing_clients()  # a client closing while its network thread reads: no traceback on a clean stop
     quiet_client_libraries()  # the client libraries' own lines only at DEBUG
     cfg, secret = with_release_secret(cfg)

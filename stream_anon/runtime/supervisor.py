@@ -34,10 +34,9 @@ from stream_anon.kafka_io.lifecycle import (
     quiet_client_libraries,
     quiet_closing_clients,
 )
-from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.definitions import SIDE, ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
-from stream_anon.side.metrics import side_registry
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +176,16 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()
-    metrics = ServiceMetrics(CollectorRegistry())
-    if cfg.service.side_metrics_port:
-        try:  # only the side paths' metrics: the main path's gauges would be exported here at 0
-            serve_metrics(side_registry(metrics), cfg.service.side_metrics_port, cfg.service.metrics_addr)
-        except OSError as e:
-            log.warning("side-path metrics endpoint not started: %s", e)
+    metrics = ServiceMetrics(CollectorRegistry(), parts=frozenset({SIDE}))  # only the side paths' metrics
     stop = threading.Event()
     status = SideStatus()
+    if cfg.service.side_metrics_port:
+        stall = cfg.service.healthz_stall_seconds
+        try:
+            serve_metrics(metrics.registry, cfg.service.side_metrics_port, cfg.service.metrics_addr,
+                          health=lambda: status.health(stall), port_option="service.side_metrics_port")
+        except OSError as e:
+            log.warning("side-path metrics endpoint not started: %s", e)
     exit_code: list[int] = []
     th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status)),
                           name="side-paths")

@@ -90,7 +90,7 @@ class SideStatus:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, person cap, commit failures)
     clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
     published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
-    epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
+    kmeans_budget: dict[str, float] | None = None  # the k-means lifetime budget: total, used, remaining (if any)
     epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
     epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
     epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
@@ -103,12 +103,30 @@ class SideStatus:
     ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    last_tick: float = field(default_factory=time.monotonic)  # the loop's last iteration (or the start)
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    def health(self, stall_seconds: float) -> tuple[bool, str]:
+        """(healthy, one line) for the side-path process's ``/healthz``: unhealthy when the side paths failed,
+        finished, or their loop has not turned for ``stall_seconds`` (``service.healthz_stall_seconds``)."""
+        age = time.monotonic() - self.last_tick
+        if self.error is not None:
+            return False, f"failed: side paths stopped: {self.error}"
+        if self.finished.is_set():
+            return False, "stopped: the side paths have finished"
+        if age > stall_seconds:
+            return False, (f"stalled: the side-path loop has not turned for {age:.0f} s (bound "
+                           f"service.healthz_stall_seconds = {stall_seconds:g})")
+        state = "running" if self.ready.is_set() else "starting"
+        return True, f"ok: side paths {state}, loop turned {age:.1f} s ago, {self.processed:,} records perturbed"
 
     def summary(self) -> dict[str, Any]:
         """The totals as plain data (JSON, pickling across processes)."""
         return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
                 "clipped": dict(self.clipped), "published": dict(self.published),
-                "epsilon_spent": dict(self.epsilon_spent), "epsilon_per_record": dict(self.epsilon_per_record),
+                "epsilon_per_record": dict(self.epsilon_per_record), "kmeans_budget": self.kmeans_budget,
                 "epsilon_kmeans_window": self.epsilon_kmeans_window,
                 "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
@@ -299,6 +317,7 @@ class SidePathApp:
         assert consumer is not None
         poll_ms, max_records = self.cfg.service.poll_timeout_ms, self.cfg.kafka.max_poll_records
         while not self.stop_event.is_set():
+            self.status.tick()  # /healthz of the side-path process
             try:
                 batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
             except CorruptRecordError as e:
@@ -502,12 +521,9 @@ class SidePathApp:
         for topic, _key, msg in outputs:
             if topic == t.estimates:
                 status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
-            elif topic == t.kmeans:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
-        for topic in self._per_record_topics:
-            if topic in per_topic:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + \
-                    per_topic[topic] * self.processor.epsilon_per_record[topic]
+        acc = self.processor.kmeans_accountant  # the one lifetime budget (k-means total_epsilon), if any
+        if acc is not None:
+            status.kmeans_budget = {"total": acc.total_epsilon, "used": acc.spent, "remaining": acc.remaining}
 
     def _shutdown(self) -> None:
         close_s = CLOSE_TIMEOUT_SECONDS
