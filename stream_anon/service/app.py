@@ -854,8 +854,8 @@ class MainPath:
         m.class_size.observe_many(s.class_sizes)
         if s.released or s.suppressed:
             m.gt_loss.set(t.gt_loss)
-        if res.n_messages:
-            m.processing_seconds.observe(res.elapsed / res.n_messages)
+        if res.n_messages:  # issue 20: one observation per record (was one per batch)
+            m.processing_seconds.observe_repeated(res.elapsed / res.n_messages, res.n_messages)
         st = self.states.get(partition)
         if st is not None:
             m.buffered_records.labels(partition=str(partition)).set(st.buffered)
