@@ -14,7 +14,6 @@ Logging: ``--log-level`` (default INFO) for stream-anon's own loggers; the Kafka
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import platform
 import sys
@@ -48,6 +47,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def version_text() -> str:
     """``stream-anon X.Y.Z`` from the installed package's metadata (the source tree's ``__version__`` when it
     is not installed), with the Python and Kafka client versions (what a bug report needs)."""
+    import importlib.metadata
+
     def version(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
@@ -61,12 +62,22 @@ def version_text() -> str:
             f"confluent-kafka {version('confluent-kafka')})")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: :func:`version_text`, looked up only when asked (package metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-anon",
         description="Real-time anonymization of record streams: delay-bounded k-anonymity and local differential privacy.",
     )
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show the versions of stream-anon, Python and the Kafka clients, and exit")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="logging level of stream-anon (default INFO); DEBUG also shows the Kafka clients' "
                              "INFO and DEBUG logging")

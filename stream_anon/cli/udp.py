@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from stream_anon.cli.arguments import one_line_errors
 from stream_anon.cli.service import bootstrap_servers_from_env
 
 if TYPE_CHECKING:  # the bridge, Kafka and Prometheus are imported when the command runs, not for --help
@@ -51,6 +52,7 @@ def register(sub: Any) -> None:
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--report-json", default=None, help="also write the final report as JSON to this path ('-' = stdout)")
     p.set_defaults(func=run_udp_bridge)
+    one_line_errors(p)
 
 
 def run_udp_bridge(args: argparse.Namespace) -> int:

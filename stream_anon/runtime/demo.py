@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -31,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
@@ -56,6 +56,7 @@ from stream_anon.kafka_io.lifecycle import (
 )
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.privacy.display import format_epsilon
+from stream_anon.replay.interrupts import InterruptGuard
 from stream_anon.replay.kafka_replay import ReplayStats, replay_records
 from stream_anon.replay.synthetic import synthetic_adult_records
 from stream_anon.runtime.run import exported_parts, start_metrics, stop_counts, without_idle_side_paths
@@ -66,13 +67,14 @@ from stream_anon.service.audit import (
     collect_outputs,
     partition_ends,
     read_topic_with_headers,
-    send_flush_markers,
 )
 from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.wiring import load_schema, with_release_secret
 
 log = logging.getLogger(__name__)
 
+REPLAY_STOP_SECONDS = 1.0
+"""On a stop, how long the replay may flush what it handed to its producer before closing it."""
 PLAIN_PROGRESS_SECONDS = 10.0
 """Into a file or a pipe (not a terminal) the progress is a plain line at most this often."""
 
@@ -185,6 +187,8 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     main: MainPath | None = None
     side: SidePaths | None = None
     stopped: str | None = None  # why the demo stopped before every record was released
+    replay_thread: threading.Thread | None = None
+    replay_guard = InterruptGuard()  # not installed: a stop sets its pending signal, the replay ends at its next record
     try:
         try:
             start_metrics(cfg, registry, heartbeat)
@@ -208,16 +212,14 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
         # replay in a thread; this thread draws the progress bar
         replay_stats: dict[str, ReplayStats] = {}
 
-        def replay() -> None:
-            st = replay_records(recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions,
-                                producer_config={**cfg.kafka.security_options()})
-            p = KafkaProducer(bootstrap_servers=bs, **cfg.kafka.security_options())
-            send_flush_markers(p, cfg.topics.input, sorted(st.partition_counts) or [0])
-            p.close()
-            replay_stats["stats"] = st
+        def replay() -> None:  # the end-of-stream markers after the last record; a stop ends it at its next record
+            replay_stats["stats"] = replay_records(
+                recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions, end_of_stream=True,
+                producer_config={**cfg.kafka.security_options()}, interrupts=replay_guard,
+                interrupt_flush_timeout_s=REPLAY_STOP_SECONDS)
 
         t_replay = time.monotonic()
-        rt = threading.Thread(target=replay, name="replay", daemon=True)
+        rt = replay_thread = threading.Thread(target=replay, name="replay", daemon=True)
         rt.start()
         t = main.totals
         deadline = time.monotonic() + timeout
@@ -229,7 +231,7 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
                 side_now is not None and side_now["processed"] + sum(side_now.get("skipped", {}).values()) >= n)
             if bar is not None:
                 bar.update(done, t, side_now, time.monotonic() - t_replay)
-            if done >= n and side_done and "stats" in replay_stats:
+            if done >= n and side_done and "stats" in replay_stats and not replay_stats["stats"].interrupted:
                 break
             if stop_event.is_set() or time.monotonic() > deadline or not main_thread.is_alive():
                 stopped = ("stopped (a signal)" if stop_event.is_set() else
@@ -251,6 +253,9 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
                              replay_stats["stats"], seconds_to_release, time.monotonic() - t_start)
     finally:
         stop_event.set()
+        if replay_thread is not None and replay_thread.is_alive():  # its producer closes before the broker goes
+            replay_guard.pending = signal.SIGINT
+            replay_thread.join(REPLAY_STOP_SECONDS + CLOSE_TIMEOUT_SECONDS)
         # the same order as `run`: the side paths and the main path stop (each bounded), the broker last
         if side is not None:
             side.stop()

@@ -542,7 +542,11 @@ class SidePathApp:
         if self._producer is not None:
             self._producer.close(close_s)
         self.status.finished.set()
-        log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
+        shown = {k: v for k, v in self.status.summary().items() if k != "estimates"}
+        for key in ("epsilon_kmeans_window", "epsilon_all_side_topics"):  # eps at 4 decimals, not 17 digits
+            shown[key] = format_epsilon(shown[key])
+        shown["epsilon_per_record"] = format_epsilons(shown["epsilon_per_record"])
+        log.info("side paths stopped: %s", shown)
 
 
 def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
