@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap-servers", default=None,
                     help="a running broker, HOST:PORT (default: an embedded Tansu broker); unreachable within "
-                         "30 s: one line, exit 3")
+                         "--connect-timeout: one line, exit 3")
     ap.add_argument("--adult", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
     ap.add_argument("--loops", type=int, default=3, help="ADULT passes loaded for the throughput runs (default 3)")
     ap.add_argument("--partitions", type=int, default=1)
@@ -162,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="service option for the main-path runs (e.g. service.workers=0)")
+    ap.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="with --bootstrap-servers: give up (exit 3, one line naming the address) when no broker "
+                         "accepts a connection within this time (default 30)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     quiet_client_libraries()  # the client libraries' own lines only at DEBUG
-    problem = broker_problem("stream-anon bench service", args.bootstrap_servers)  # malformed: 2; unreachable: 3
+    problem = broker_problem("stream-anon bench service", args.bootstrap_servers, args.connect_timeout)  # malformed 2, unreachable 3
     if problem:
         return problem
     adult = str(resolve_adult_path(args.adult))

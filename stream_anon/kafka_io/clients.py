@@ -57,7 +57,7 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
         try:
             return fn()
         except InterruptedError as e:  # wait_for_broker saw the stop
-            raise BrokerUnavailableError(f"{what}: stopped while waiting for the broker") from e
+            raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
         except (KafkaError, OSError, ValueError) as e:
             elapsed = time.monotonic() - start
             detail = str(e).removeprefix(f"{type(e).__name__}: ")
@@ -74,7 +74,7 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
             until = time.monotonic() + delay
             while True:  # the backoff, in slices: a stop ends it within PROBE_SLICE_SECONDS
                 if stop is not None and stop():
-                    raise BrokerUnavailableError(f"{what}: stopped while waiting for the broker") from e
+                    raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
                 if time.monotonic() >= until:
                     break
                 time.sleep(min(PROBE_SLICE_SECONDS, until - time.monotonic()))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -208,3 +209,7 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
         conn.send(SideReport(status.summary(), exit_code[0] if exit_code else 1))
     except (OSError, ValueError):
         pass
+    # everything is closed and reported: end the child now (the interpreter's teardown of numpy, the Kafka clients
+    # and the mechanisms takes about a second on a busy machine, and the service waits for this process)
+    logging.shutdown()
+    os._exit(0)
