@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="timing runs per configuration (best is reported)")
     ap.add_argument("--no-grid", action="store_true", help="skip part 3")
     ap.add_argument("--variants", action="store_true",
-                    help="also run the options table (leftover, l=2, adaptive delay, lm, zeta=0, ubdsa) at k=10")
+                    help="also run the options table beside the defaults (leftover, no l, adaptive delay, lm, CASTLE's "
+                         "reuse zeta=1000, ubdsa)")
     ap.add_argument("--json", default=None, help="write every measured figure to this JSON file")
     d = DEFAULTS
     g = ap.add_argument_group(f"part 1's engine parameters (every command's defaults: {d.describe()})")

@@ -59,7 +59,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--epsilons", type=_floats, default=list(REPORT_EPSILONS),
                    help="epsilons of the LDP curves, e.g. 0.25,0.5,1,2,4,8")
     p.add_argument("--repetitions", type=int, default=5, help="repetitions per LDP curve point (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the extras (engine and mechanisms)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the extras (engine and mechanisms; default: the run's anonymization.seed, else 0)")
     p.set_defaults(func=run_report)
     one_line_errors(p)
 
@@ -117,9 +118,10 @@ def run_report(args: argparse.Namespace) -> int:
                   f"l={eng['l']} zeta={eng['zeta']} "
                   f"(from {', '.join(sorted(set(settings.sources.values())))}), schema {settings.schema.name!r}, "
                   f"{len(data):,} records", file=sys.stderr)
+            seed = args.seed if args.seed is not None else (settings.seed if settings.seed is not None else 0)
             written = compute_extras(args.run_dir, data, settings=settings, grid_records=args.grid_records,
                                      ks=args.grid_k, deltas=args.grid_delta, epsilons=args.epsilons,
-                                     repetitions=args.repetitions, seed=args.seed, overwrite=args.overwrite_extras)
+                                     repetitions=args.repetitions, seed=seed, overwrite=args.overwrite_extras)
             for path in written:
                 print(f"computed {path}")
         out = write_report(args.run_dir, args.output, png_dir=args.png_dir, overview=args.overview_png)

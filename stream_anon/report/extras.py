@@ -81,6 +81,17 @@ class RunSettings:
         return self.schema.name == "adult"
 
 
+def _stated(summary: dict[str, Any], key: str) -> tuple[Any] | None:
+    """``(value,)`` when ``summary.json`` states ``key`` (a null included: ``l: null`` is a setting), where
+    :func:`~stream_anon.report.rundir.summary_value` looks; None when it does not."""
+    for node in (summary, summary.get("config", {}).get("anonymization") if isinstance(summary.get("config"), dict)
+                 else None, summary.get("anonymization"), summary.get("parameters"), summary.get("engine"),
+                 summary.get("config")):
+        if isinstance(node, dict) and key in node and not isinstance(node[key], dict | list):
+            return (node[key],)
+    return None
+
+
 def run_settings(run_dir: str | Path) -> RunSettings:
     """The settings of the run in ``run_dir``: each engine parameter from ``config.json`` (the service's
     ``anonymization`` section, as the demo and ``audit --run-dir`` write it), else from ``summary.json`` (top level,
@@ -99,10 +110,11 @@ def run_settings(run_dir: str | Path) -> RunSettings:
     sources: dict[str, str] = {}
     defaults = DEFAULTS.as_dict()
     for key in ENGINE_KEYS:
+        stated = _stated(summary, key)
         if key in anon:
             engine[key], sources[key] = anon[key], CONFIG_FILE
-        elif summary_value(summary, key) is not None:
-            engine[key], sources[key] = summary_value(summary, key), SUMMARY_FILE
+        elif stated is not None:
+            engine[key], sources[key] = stated[0], SUMMARY_FILE
         else:
             engine[key], sources[key] = defaults[key], "defaults"
     for key in ("k", "delta", "beta", "mu"):
@@ -117,7 +129,7 @@ def run_settings(run_dir: str | Path) -> RunSettings:
     side = SidePathConfig.coerce({k: v for k, v in (config.get("side_paths") or {}).items()
                                   if k in {f.name for f in dataclasses.fields(SidePathConfig)}})
     records = summary_value(summary, "records_in")
-    seed = anon.get("seed")
+    seed = anon["seed"] if "seed" in anon else summary_value(summary, "seed")
     return RunSettings(engine=engine, schema=schema, side=with_schema_attributes(side, schema),
                        records=int(records) if records is not None else None,
                        synthetic=summary_value(summary, "synthetic") is True,
