@@ -419,12 +419,12 @@ def test_bad_log_level_and_unknown_command_are_one_line() -> None:
 def test_client_library_loggers_are_quiet_unless_debug() -> None:
     saved = {n: logging.getLogger(n).level for n in ("", *CLIENT_LOGGERS)}
     try:
-        configure_logging("INFO")
-        assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in CLIENT_LOGGERS)
-        assert not logging.getLogger("kafka.conn").isEnabledFor(logging.INFO)
+        configure_logging("INFO")  # issue 20: the client libraries' own lines never reach the output but at DEBUG
+        assert all(not logging.getLogger(n).isEnabledFor(logging.CRITICAL) for n in CLIENT_LOGGERS)
+        assert not logging.getLogger("kafka.net.selector").isEnabledFor(logging.WARNING)  # "blocking the event loop"
         assert logging.getLogger("stream_anon.service.app").isEnabledFor(logging.INFO)
         configure_logging("ERROR")
-        assert logging.getLogger("kafka").getEffectiveLevel() == logging.ERROR
+        assert not logging.getLogger("kafka").isEnabledFor(logging.ERROR)
         logging.getLogger().setLevel(logging.DEBUG)
         configure_logging("DEBUG")
         assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
