@@ -202,7 +202,7 @@ DASHBOARD_MUST_SHOW = {
     "DLQ and suppression": {"stream_anon_records_dead_lettered_total", "stream_anon_records_suppressed_total"},
     "gate refusals and internal errors": {"stream_anon_k_anonymity_violations_total",
                                           "stream_anon_internal_errors_total"},
-    "eps per side topic": {"stream_anon_epsilon_spent_total"},
+    "eps per side topic": {"stream_anon_epsilon_per_record", "stream_anon_epsilon_budget_remaining"},
     "estimate errors": {"stream_anon_estimate_standard_error", "stream_anon_estimate_abs_error"},
     "UDP gaps": {"stream_anon_udp_gaps_total"},
 }

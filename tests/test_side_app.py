@@ -153,8 +153,9 @@ def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(
                                              {"topic": "adult.krr"}) == 300
     assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total", {"topic": "adult.raw"}) == 300
     eps = app.processor.epsilon_per_record  # exact (tests/test_side_processor.py)
-    assert app.status.epsilon_spent == {"adult.kmeans": 1.0, "adult.krr": 300 * eps["adult.krr"],
-                                        "adult.rs": 300 * eps["adult.rs"], "adult.blap": 300 * eps["adult.blap"]}
+    assert app.status.summary()["epsilon_per_record"] == eps and "epsilon_spent" not in app.status.summary()
+    for topic, e in eps.items():  # the gauge: one record's eps (issue 20: no sum over records)
+        assert metrics.registry.get_sample_value("stream_anon_epsilon_per_record", {"topic": topic}) == e
     # keys are the pseudonyms, never the record ids
     krr = [m for m in producer.sent if m.kind == "krr"]
     assert [m.key for m in krr] == [record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:300]]

@@ -79,7 +79,7 @@ def test_person_cap_refuses_every_side_output_of_a_person_over_the_cap(adult: li
 def test_person_cap_needs_a_cap_of_at_least_one_record() -> None:
     eps_all = SidePathConfig().check().epsilon_all
     with pytest.raises(ValueError, match=r"person_budget\.cap_epsilon: expected at least the exact eps of one record "
-                                         r"over all side outputs \(12\.0000000000\d+\), got 10\.0"):
+                                         r"over all side outputs \(12\), got 10\.0"):
         SidePathConfig(person_budget=PersonBudgetConfig(cap_epsilon=10.0)).check(person_schema())
     assert SidePathConfig(person_budget=PersonBudgetConfig(cap_epsilon=eps_all)).check(person_schema())
 

@@ -46,8 +46,8 @@ def test_side_registry_holds_every_metric_the_side_paths_update_and_nothing_else
                if m.type != "histogram" and any(s.labels for s in m.samples)}  # the main path's, "le" always)
     touched.add("stream_anon_broker_reconnects")
     assert touched <= exported, touched - exported
-    assert {"stream_anon_side_values_clipped", "stream_anon_side_outputs_refused", "stream_anon_epsilon_spent",
-            "stream_anon_records_dead_lettered"} <= touched
+    assert {"stream_anon_side_values_clipped", "stream_anon_side_outputs_refused", "stream_anon_epsilon_per_record",
+            "stream_anon_epsilon_budget_used", "stream_anon_records_dead_lettered"} <= touched
     text = generate_latest(side_registry(metrics)).decode()
     assert not [n for n in MAIN_ONLY if n in text]
 

@@ -37,6 +37,7 @@ import numpy as np
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
+from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
 from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
@@ -234,7 +235,9 @@ def _ints(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stream-anon bench side", description=__doc__.split("\n\n")[0])
     ap.add_argument("--adult", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
-    ap.add_argument("--bootstrap-servers", default=None, help="a running broker (default: embedded Tansu)")
+    ap.add_argument("--bootstrap-servers", default=None,
+                    help="a running broker, HOST:PORT (default: embedded Tansu); unreachable within --connect-timeout: "
+                         "one line, exit 3")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pure benchmark and the error table")
     ap.add_argument("--batch", type=int, default=2000, help="records per batch of the pure benchmark")
     ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (pure: best; broker: median)")
@@ -243,9 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=_ints, default=[262144], help="raw floor: kafka.batch_size values")
     ap.add_argument("--partitions", type=_ints, default=[1], help="raw floor and end to end: partition counts")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: pure, raw, e2e")
+    ap.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="with --bootstrap-servers: give up (exit 3, one line naming the address) when no broker "
+                         "accepts a connection within this time (default 30)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    problem = broker_problem("stream-anon bench side", args.bootstrap_servers, args.connect_timeout)  # malformed 2, unreachable 3
+    if problem:
+        return problem
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     for t in transports:
         if t not in PRODUCER_CLIENTS:

@@ -32,6 +32,7 @@ from stream_anon.core.schema import Kind, Schema, adult_schema
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.budget import RELATIVE_TOLERANCE
 from stream_anon.privacy.discrete_laplace import fraction_upper
+from stream_anon.privacy.display import format_epsilon
 from stream_anon.privacy.dp_kmeans import QuadTreeKMeans
 from stream_anon.privacy.mechanism import PrivacyMechanism
 from stream_anon.privacy.randomized_response import KRandomizedResponse
@@ -54,11 +55,10 @@ class SidePathConfigError(ValueError):
 @dataclass(frozen=True)
 class KRRConfig:
     """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (then
-    ``epsilon`` is not used)."""
+    ``epsilon`` is not used).  ``attributes`` None: the schema's attributes that declare ``side_paths: [krr]``."""
 
     enabled: bool = True
-    attributes: list[str] = field(
-        default_factory=lambda: ["sex", "race", "marital-status", "relationship", "workclass"])
+    attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [krr])
     epsilon: float = DEFAULT_EPSILON
     record_epsilon: float | None = None  # set: every attribute targets record_epsilon / len(attributes)
 
@@ -75,7 +75,7 @@ class RSConfig:
     """
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["education", "occupation"])
+    attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [rs])
     epsilon: float | None = None  # None: 1.0 unless gamma or record_epsilon is set
     gamma: float | None = None
     l: int = 1  # noqa: E741
@@ -90,8 +90,8 @@ class BLapConfig:
     Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally."""
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week", "education-num"])
-    categorical_attributes: list[str] = field(default_factory=lambda: ["income"])
+    attributes: list[str] | None = None  # None: the schema's numeric attributes declaring side_paths: [blap]
+    categorical_attributes: list[str] | None = None  # None: the schema's categorical ones declaring it
     epsilon: float = DEFAULT_EPSILON
     record_epsilon: float | None = None
     boundary_width: float = 0.1  # of the boundary-corrected mean estimator (normalized units)
@@ -108,7 +108,7 @@ class KMeansConfig:
     """
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week"])
+    attributes: list[str] | None = None  # None: the schema's attributes declaring side_paths: [kmeans]
     n_clusters: int = 3
     epsilon: float = 1.0
     gamma: float = 0.5
@@ -202,6 +202,21 @@ class SideTopics:
         return {"krr": self.krr, "rs": self.rs, "blap": self.blap}
 
 
+def with_schema_attributes(config: SidePathConfig, schema: Schema) -> SidePathConfig:
+    """``config`` with every attribute list left unset (None) taken from the schema's ``side_paths``
+    declarations (:meth:`~stream_anon.core.schema.Schema.side_path_attributes`); lists given are kept."""
+    def given(value: list[str] | None, path: str, kind: Kind | None = None) -> list[str]:
+        return list(value) if value is not None else schema.side_path_attributes(path, kind)
+
+    k, r, b, m = config.krr, config.rs, config.blap, config.kmeans
+    return dataclasses.replace(
+        config, krr=dataclasses.replace(k, attributes=given(k.attributes, "krr")),
+        rs=dataclasses.replace(r, attributes=given(r.attributes, "rs")),
+        blap=dataclasses.replace(b, attributes=given(b.attributes, "blap", Kind.NUMERIC),
+                                 categorical_attributes=given(b.categorical_attributes, "blap", Kind.CATEGORICAL)),
+        kmeans=dataclasses.replace(m, attributes=given(m.attributes, "kmeans", Kind.NUMERIC)))
+
+
 def budget_topic(config: SidePathConfig, input_topic: str) -> str:
     """The internal compacted topic of the side paths' cumulative budgets: ``side_paths.budget_topic``, else
     ``<input>.side-budget``."""
@@ -269,6 +284,11 @@ class SidePlan:
     def epsilon_kmeans(self) -> float:
         return self.kmeans.epsilon if self.kmeans is not None else 0.0
 
+    @property
+    def publishes(self) -> bool:
+        """Whether any side path has an attribute to publish (False: nothing would run)."""
+        return bool(self.krr or self.rs or self.blap_numeric or self.blap_categorical or self.kmeans)
+
 
 def upper_sum(values: Iterable[float]) -> float:
     """The exact sum of the doubles ``values`` rounded UP to a double (so a stated total is never below the sum
@@ -314,14 +334,19 @@ def _public_bounds(schema: Schema, option: str, name: str) -> tuple[float, float
     return float(attr.lo), float(attr.hi)
 
 
-def _fmt(eps: float) -> str:
-    return repr(float(eps))
+def _fmt(eps: float, cap: Any = None) -> str:
+    """eps at 4 decimals (the exact double stays in the outputs); beside a cap, enough decimals to differ."""
+    return format_epsilon(eps, beside=float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool)
+                          else None)
 
 
 def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Generator) -> SidePlan:
     """Check every side-path option against ``schema``, build the mechanisms (drawing from ``rng``), compute the
     exact eps of each and refuse a configuration whose sums exceed a cap (the error names the option and the exact
-    values)."""
+    values).  Attribute lists left unset come from the schema (:func:`with_schema_attributes`); a path without
+    attributes is off (k-means given an explicit empty list is an error)."""
+    kmeans_listed = config.kmeans.attributes is not None
+    config = with_schema_attributes(config, schema)
     _check_general(config, schema)
     krr = _plan_krr(config.krr, schema, rng)
     rs = _plan_rs(config.rs, schema, rng)
@@ -337,8 +362,8 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
         per_role[role] = total = upper_sum(epsilons)
         if cap is not None and exceeds(total, cap):
             raise _err(f"{role}.record_epsilon", f"at least the exact eps one record spends on the topic ("
-                       f"{_fmt(total)} = " + " + ".join(_fmt(e) for e in epsilons) + ")", cap)
-    kmeans = _plan_kmeans(config.kmeans, schema, rng)
+                       f"{_fmt(total, cap)} = " + " + ".join(_fmt(e) for e in epsilons) + ")", cap)
+    kmeans = _plan_kmeans(config.kmeans, schema, rng) if kmeans_listed or config.kmeans.attributes else None
     parts = [*per_role.values(), *([kmeans.epsilon] if kmeans is not None else [])]
     eps_all = upper_sum(parts) if parts else 0.0
     if config.total_epsilon is not None:
@@ -347,7 +372,7 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
             detail = ", ".join([f"{role}: {_fmt(e)}" for role, e in per_role.items()]
                                + ([f"kmeans (one window): {_fmt(kmeans.epsilon)}"] if kmeans is not None else []))
             raise _err("total_epsilon", f"at least the exact eps one record spends over all side outputs "
-                       f"({_fmt(eps_all)} = {detail})", config.total_epsilon)
+                       f"({_fmt(eps_all, cap)} = {detail})", config.total_epsilon)
     pb = config.person_budget
     if pb.cap_epsilon is not None:
         cap = _positive("person_budget.cap_epsilon", pb.cap_epsilon)
@@ -356,7 +381,7 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
                        f"(a per-person cap needs the person id field)", pb.cap_epsilon)
         if exceeds(eps_all, cap):
             raise _err("person_budget.cap_epsilon", f"at least the exact eps of one record over all side outputs "
-                       f"({_fmt(eps_all)})", pb.cap_epsilon)
+                       f"({_fmt(eps_all, cap)})", pb.cap_epsilon)
         for name, value, lo, hi in (("width", pb.width, 16, 1 << 30), ("depth", pb.depth, 1, 16)):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise _err(f"person_budget.{name}", f"an integer in [{lo}, {hi}]", value)
@@ -387,12 +412,18 @@ def _exact(mech: PrivacyMechanism) -> float:
     return float(mech.exact_epsilon)
 
 
+def _names(attributes: list[str] | None) -> list[str]:
+    """An attribute list after :func:`with_schema_attributes` (never None there)."""
+    return list(attributes or ())
+
+
 def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
-    if not (k.enabled and k.attributes):
+    attributes = _names(k.attributes)
+    if not (k.enabled and attributes):
         return []
-    eps = _split("krr", k.epsilon, k.record_epsilon, len(k.attributes))
+    eps = _split("krr", k.epsilon, k.record_epsilon, len(attributes))
     out = []
-    for a in k.attributes:
+    for a in attributes:
         cats = _categories(schema, "krr.attributes", a)
         m = KRandomizedResponse(epsilon=eps, categories=cats, rng=rng)
         out.append(CategoricalPlan("krr", "krr", a, cats, m, _exact(m)))
@@ -400,7 +431,8 @@ def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[Ca
 
 
 def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
-    if not (r.enabled and r.attributes):
+    attributes = _names(r.attributes)
+    if not (r.enabled and attributes):
         return []
     if r.variant not in ("independent", "no-repeat"):
         raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
@@ -413,10 +445,10 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
                    f"the exact eps of the resulting gamma is what is stated)", getattr(r, given[-1].split(".")[1]))
     gamma_fixed = None if r.gamma is None else _positive("rs.gamma", r.gamma)
     eps_target = 0.0 if gamma_fixed is not None else _split(
-        "rs", r.epsilon if r.epsilon is not None else DEFAULT_EPSILON, r.record_epsilon, len(r.attributes))
+        "rs", r.epsilon if r.epsilon is not None else DEFAULT_EPSILON, r.record_epsilon, len(attributes))
     name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
     out = []
-    for a in r.attributes:
+    for a in attributes:
         cats = _categories(schema, "rs.attributes", a)
         gamma = gamma_fixed if gamma_fixed is not None else \
             gamma_for_epsilon(len(cats), eps_target, r.l, r.variant)  # type: ignore[arg-type]
@@ -432,16 +464,17 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
 
 def _plan_blap(b: BLapConfig, schema: Schema,
                rng: np.random.Generator) -> tuple[list[NumericPlan], list[CategoricalPlan]]:
-    if not (b.enabled and (b.attributes or b.categorical_attributes)):
+    numeric_names, categorical_names = _names(b.attributes), _names(b.categorical_attributes)
+    if not (b.enabled and (numeric_names or categorical_names)):
         return [], []
-    eps = _split("blap", b.epsilon, b.record_epsilon, len(b.attributes) + len(b.categorical_attributes))
+    eps = _split("blap", b.epsilon, b.record_epsilon, len(numeric_names) + len(categorical_names))
     numeric = []
-    for a in b.attributes:
+    for a in numeric_names:
         lo, hi = _public_bounds(schema, "blap.attributes", a)
         m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=schema[a].integer, rng=rng)
         numeric.append(NumericPlan(a, m, b.boundary_width, _exact(m)))
     categorical = []
-    for a in b.categorical_attributes:
+    for a in categorical_names:
         cats = _categories(schema, "blap.categorical_attributes", a)
         mc = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=rng)
         categorical.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, _exact(mc)))
@@ -458,9 +491,10 @@ def kmeans_mechanism(k: KMeansConfig, lower: np.ndarray, upper: np.ndarray,
 def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> KMeansPlan | None:
     if not k.enabled:
         return None
-    if len(k.attributes) < 1:
+    attributes = _names(k.attributes)
+    if len(attributes) < 1:
         raise _err("kmeans.attributes", "at least one numeric attribute", k.attributes)
-    bounds = [_public_bounds(schema, "kmeans.attributes", a) for a in k.attributes]
+    bounds = [_public_bounds(schema, "kmeans.attributes", a) for a in attributes]
     if isinstance(k.window, bool) or not isinstance(k.window, int) or k.window < max(2, k.n_clusters):
         raise _err("kmeans.window", f"an integer >= max(2, n_clusters={k.n_clusters})", k.window)
     if k.variant not in ("quad", "uniquad"):
@@ -471,6 +505,6 @@ def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> K
     km = kmeans_mechanism(k, lower, upper, rng)  # validates n_clusters, gamma and the box
     window_eps = _exact(km)
     if k.total_epsilon is not None and exceeds(window_eps, _positive("kmeans.total_epsilon", k.total_epsilon)):
-        raise _err("kmeans.total_epsilon", f"at least the exact eps of one window ({_fmt(window_eps)})",
+        raise _err("kmeans.total_epsilon", f"at least the exact eps of one window ({_fmt(window_eps, k.total_epsilon)})",
                    k.total_epsilon)
-    return KMeansPlan(list(k.attributes), lower, upper, window_eps, float(km.epsilon_tree), float(km.epsilon_counts))
+    return KMeansPlan(attributes, lower, upper, window_eps, float(km.epsilon_tree), float(km.epsilon_counts))

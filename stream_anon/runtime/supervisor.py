@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -31,12 +32,12 @@ from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     die_with_parent,
+    quiet_client_libraries,
     quiet_closing_clients,
 )
-from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.definitions import SIDE, ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
-from stream_anon.side.metrics import side_registry
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class SidePaths:
         elif self.mode == "process":
             ctx = mp.get_context("spawn")
             self._conn, child_end = ctx.Pipe(duplex=True)
-            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end), name="stream-anon-side-paths",
+            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end, logging.getLogger().getEffectiveLevel()), name="stream-anon-side-paths",
                                         daemon=False)
             self._process.start()
             child_end.close()
@@ -166,24 +167,26 @@ class SidePaths:
         return self.progress()
 
 
-def side_process_main(cfg: Config, conn: Connection) -> None:
+def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.INFO) -> None:
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
-    ``conn``."""
+    ``conn``; logging at the service's ``log_level``."""
     parent = mp.parent_process()
     die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
         signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()
-    metrics = ServiceMetrics(CollectorRegistry())
-    if cfg.service.side_metrics_port:
-        try:  # only the side paths' metrics: the main path's gauges would be exported here at 0
-            serve_metrics(side_registry(metrics), cfg.service.side_metrics_port, cfg.service.metrics_addr)
-        except OSError as e:
-            log.warning("side-path metrics endpoint not started: %s", e)
+    metrics = ServiceMetrics(CollectorRegistry(), parts=frozenset({SIDE}))  # only the side paths' metrics
     stop = threading.Event()
     status = SideStatus()
+    if cfg.service.side_metrics_port:
+        stall = cfg.service.healthz_stall_seconds
+        try:
+            serve_metrics(metrics.registry, cfg.service.side_metrics_port, cfg.service.metrics_addr,
+                          health=lambda: status.health(stall), port_option="service.side_metrics_port")
+        except OSError as e:
+            log.warning("side-path metrics endpoint not started: %s", e)
     exit_code: list[int] = []
     th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status)),
                           name="side-paths")
@@ -206,3 +209,7 @@ def side_process_main(cfg: Config, conn: Connection) -> None:
         conn.send(SideReport(status.summary(), exit_code[0] if exit_code else 1))
     except (OSError, ValueError):
         pass
+    # everything is closed and reported: end the child now (the interpreter's teardown of numpy, the Kafka clients
+    # and the mechanisms takes about a second on a busy machine, and the service waits for this process)
+    logging.shutdown()
+    os._exit(0)

@@ -73,6 +73,7 @@ from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.privacy.display import format_epsilon, format_epsilons
 from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
 from stream_anon.side.budgets import SideStateError
 from stream_anon.side.decoding import SideDecoder
@@ -93,7 +94,7 @@ class SideStatus:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, person cap, commit failures)
     clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
     published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
-    epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
+    kmeans_budget: dict[str, float] | None = None  # the k-means lifetime budget: total, used, remaining (if any)
     epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
     epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
     epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
@@ -106,12 +107,30 @@ class SideStatus:
     ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    last_tick: float = field(default_factory=time.monotonic)  # the loop's last iteration (or the start)
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    def health(self, stall_seconds: float) -> tuple[bool, str]:
+        """(healthy, one line) for the side-path process's ``/healthz``: unhealthy when the side paths failed,
+        finished, or their loop has not turned for ``stall_seconds`` (``service.healthz_stall_seconds``)."""
+        age = time.monotonic() - self.last_tick
+        if self.error is not None:
+            return False, f"failed: side paths stopped: {self.error}"
+        if self.finished.is_set():
+            return False, "stopped: the side paths have finished"
+        if age > stall_seconds:
+            return False, (f"stalled: the side-path loop has not turned for {age:.0f} s (bound "
+                           f"service.healthz_stall_seconds = {stall_seconds:g})")
+        state = "running" if self.ready.is_set() else "starting"
+        return True, f"ok: side paths {state}, loop turned {age:.1f} s ago, {self.processed:,} records perturbed"
 
     def summary(self) -> dict[str, Any]:
         """The totals as plain data (JSON, pickling across processes)."""
         return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
                 "clipped": dict(self.clipped), "published": dict(self.published),
-                "epsilon_spent": dict(self.epsilon_spent), "epsilon_per_record": dict(self.epsilon_per_record),
+                "epsilon_per_record": dict(self.epsilon_per_record), "kmeans_budget": self.kmeans_budget,
                 "epsilon_kmeans_window": self.epsilon_kmeans_window,
                 "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
@@ -183,6 +202,13 @@ class SidePathApp:
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
 
+    def output_topics(self) -> list[str]:
+        """The side topics of the paths that run (only those are created): the per-record topics with an
+        attribute, the estimates topic when one of them runs, the k-means topic when k-means runs."""
+        t, p = self.topics, self.processor
+        per_record = [topic for topic in (t.krr, t.rs, t.blap) if topic in p.epsilon_per_record]
+        return [*per_record, *([t.estimates] if per_record else []), *([t.kmeans] if p.kmeans_enabled else [])]
+
     def startup_warnings(self) -> list[str]:
         """Lines logged as WARNING at start: seeded noise, a generated pseudonym secret, the truth tracker."""
         out = []
@@ -203,7 +229,7 @@ class SidePathApp:
         :func:`~stream_anon.kafka_io.clients.prepare_topics`); 0, or the exit code of a start that failed."""
         cfg, stop, t, topic = self.cfg, self.stop_event.is_set, self.topics, self.budget_topic
         # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
-        wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
+        wanted = [*self.output_topics(), *([t.dlq] if self.side.dead_letter else [])]  # only the paths that run
 
         def ensure_budget_topic(admin: KafkaAdminClient) -> None:
             if topic is not None:
@@ -245,10 +271,11 @@ class SidePathApp:
             return rc
         self._poller.subscribe()
         self.metrics.budgets()
-        p, t = self.processor, self.topics
-        log.info("side paths: consuming %s as group %r -> %s; exact eps per record %s, k-means window %r, all side "
-                 "outputs %r", self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
-                 p.epsilon_per_record, p.epsilon_kmeans, p.epsilon_all_topics)
+        p = self.processor
+        log.info("side paths: consuming %s as group %r -> %s; exact eps per record: %s; k-means window %s; all "
+                 "side outputs %s", self.input_topic, self.group_id, ", ".join(self.output_topics()),
+                 format_epsilons(p.epsilon_per_record), format_epsilon(p.epsilon_kmeans),
+                 format_epsilon(p.epsilon_all_topics))
         self.status.ready.set()
         rc = 0
         try:
@@ -300,6 +327,7 @@ class SidePathApp:
         assert poller is not None
         poll_ms = self.cfg.service.poll_timeout_ms
         while not self.stop_event.is_set():
+            self.status.tick()  # /healthz of the side-path process
             batch = poller.poll(poll_ms, self._unreadable)
             if not batch:
                 self._publish(self.processor.poll(), 0)
@@ -500,12 +528,9 @@ class SidePathApp:
         for topic, _key, msg in outputs:
             if topic == t.estimates:
                 status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
-            elif topic == t.kmeans:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
-        for topic in self._per_record_topics:
-            if topic in per_topic:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + \
-                    per_topic[topic] * self.processor.epsilon_per_record[topic]
+        acc = self.processor.kmeans_accountant  # the one lifetime budget (k-means total_epsilon), if any
+        if acc is not None:
+            status.kmeans_budget = {"total": acc.total_epsilon, "used": acc.spent, "remaining": acc.remaining}
 
     def _shutdown(self) -> None:
         closing = Closing()
@@ -521,7 +546,11 @@ class SidePathApp:
         if self._producer is not None:
             self._producer.close(closing.producer_seconds)
         self.status.finished.set()
-        log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
+        shown = {k: v for k, v in self.status.summary().items() if k != "estimates"}
+        for key in ("epsilon_kmeans_window", "epsilon_all_side_topics"):  # eps at 4 decimals, not 17 digits
+            shown[key] = format_epsilon(shown[key])
+        shown["epsilon_per_record"] = format_epsilons(shown["epsilon_per_record"])
+        log.info("side paths stopped: %s", shown)
 
 
 def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from stream_anon.config.side_paths import (
     SideTopics,
     kmeans_mechanism,
     plan_side_paths,
+    with_schema_attributes,
 )
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.privacy.base import crypto_rng
@@ -127,8 +128,8 @@ class SidePathProcessor:
                  topics: SideTopics | None = None, rng: np.random.Generator | int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  pseudonymize: Callable[[Any], str] | None = None, scope: str = "side") -> None:
-        self.config = cfg = SidePathConfig.coerce(config)
         self.schema = schema if schema is not None else adult_schema()
+        self.config = cfg = with_schema_attributes(SidePathConfig.coerce(config), self.schema)  # lists given or declared
         self.topics = topics if topics is not None else SideTopics()
         self.rng = crypto_rng(rng if rng is not None else cfg.seed)
         self.clock = clock
@@ -168,6 +169,7 @@ class SidePathProcessor:
         # k-means: tumbling windows of the configured attributes, exact eps per window (+ an optional stream budget)
         k = cfg.kmeans
         self.kmeans_enabled = plan.kmeans is not None
+        self.kmeans_attributes: list[str] = plan.kmeans.attributes if plan.kmeans is not None else []
         self.kmeans_stopped = False
         self.kmeans_windows = 0
         self.kmeans_refused = 0
@@ -176,7 +178,7 @@ class SidePathProcessor:
         if plan.kmeans is not None:
             self.kmeans_bounds = (plan.kmeans.lower, plan.kmeans.upper)
             self.kmeans_window_budget = WindowedBudget(epsilon_per_window=plan.kmeans.epsilon)
-            self._window = np.empty((k.window, len(k.attributes)), dtype=np.float64)
+            self._window = np.empty((k.window, len(self.kmeans_attributes)), dtype=np.float64)
 
     # ------------------------------------------------------------------ views
     def topic_channels(self) -> list[tuple[str, list[Channel]]]:
@@ -339,7 +341,7 @@ class SidePathProcessor:
         out: list[Out] = []
         if self.kmeans_enabled:
             out.extend(self._kmeans_add(np.column_stack(
-                [np.asarray(column(a), dtype=np.float64) for a in self.config.kmeans.attributes])))
+                [np.asarray(column(a), dtype=np.float64) for a in self.kmeans_attributes])))
         every = self.config.estimates_every
         if every and self._since_estimates >= every:
             out.extend(self.emit_estimates(now))
@@ -480,8 +482,9 @@ class SidePathProcessor:
                    "remaining": window.remaining_after})
         msg: dict[str, Any] = {
             "type": "kmeans", "window": index, "window_start_record": self._window_start, "n_records": n,
-            "attributes": list(k.attributes),
-            "bounds": {a: [float(lo), float(hi)] for a, lo, hi in zip(k.attributes, *self.kmeans_bounds, strict=True)},
+            "attributes": list(self.kmeans_attributes),
+            "bounds": {a: [float(lo), float(hi)] for a, lo, hi in zip(self.kmeans_attributes, *self.kmeans_bounds,
+                                                                       strict=True)},
             "n_clusters": k.n_clusters, "centroids": km.cluster_centers_.tolist(), "variant": k.variant,
             "gamma": k.gamma, "neighbouring": km.neighbouring, "max_depth": km.max_depth_, "epsilon": eps,
             "epsilon_tree": km.epsilon_tree, "epsilon_counts": km.epsilon_counts,
