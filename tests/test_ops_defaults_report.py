@@ -67,9 +67,9 @@ def test_anonymize_uses_the_shared_defaults(adult_head: Path, tmp_path: Path) ->
                       "domain: [17, 90], integer: true}\n")
     (tmp_path / "ages.csv").write_text("id,age\n" + "".join(f"r{i},{20 + i % 50}\n" for i in range(200)))
     bad = run_cli("anonymize", "--input", str(tmp_path / "ages.csv"), "--schema", str(schema))
-    assert bad.returncode == 2 and "pass --l none" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "pass --l none --t-closeness none" in bad.stderr, bad.stderr
     ok = run_cli("anonymize", "--input", str(tmp_path / "ages.csv"), "--schema", str(schema), "--l", "none",
-                 "--k", "5", "--delta", "50")
+                 "--t-closeness", "none", "--k", "5", "--delta", "50")
     assert ok.returncode == 0, ok.stderr
 
 

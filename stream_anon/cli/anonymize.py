@@ -92,9 +92,12 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def build_engine(schema: Schema, config: EngineConfig) -> Engine:
     from stream_anon.core.engine import Engine, EngineConfigError
 
-    if config.l is not None and config.l > 1 and not schema.sensitive:
-        raise UsageError(f"--l: l-diversity (default {DEFAULTS.l}) needs a sensitive attribute and schema "
-                         f"{schema.name!r} has none; pass --l none to release k-anonymous classes without it")
+    if not schema.sensitive and ((config.l is not None and config.l > 1) or config.t_closeness is not None):
+        option, what, default = (("--l", "l-diversity", DEFAULTS.l) if config.l is not None and config.l > 1
+                                 else ("--t-closeness", "t-closeness", DEFAULTS.t_closeness))
+        raise UsageError(f"{option}: {what} (default {default}) needs a sensitive attribute and schema "
+                         f"{schema.name!r} has none; pass --l none --t-closeness none to release k-anonymous "
+                         f"classes without it")
     try:
         return Engine(schema, config)
     except EngineConfigError as e:
@@ -399,6 +402,16 @@ def optional_number(text: str) -> int | float | None:
     return int(v) if v.is_integer() else v
 
 
+def optional_float(text: str) -> float | None:
+    """argparse ``type``: a number, or ``none`` (the option off)."""
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+
+
 def add_diversity_arguments(p: argparse.ArgumentParser, *, with_defaults: bool) -> None:
     """--l, --diversity, --c, --t-closeness, --t-distance: ``anonymize`` starts from the shared defaults
     (:mod:`stream_anon.core.defaults`), ``verify`` checks only what it is asked to."""
@@ -413,7 +426,7 @@ def add_diversity_arguments(p: argparse.ArgumentParser, *, with_defaults: bool) 
                    help="l-diversity model: distinct (>= l values), entropy (entropy >= log l) or recursive "
                         f"(r1 < c (r_l + ... + r_m), needs --c); default {d.diversity}")
     p.add_argument("--c", type=float, default=None, help="c of recursive (c, l)-diversity (> 0)")
-    p.add_argument("--t-closeness", type=optional_number, default=t_default,
+    p.add_argument("--t-closeness", type=optional_float, default=t_default,
                    help="t-closeness: EMD of every class's sensitive distribution to the reference <= t ('none': "
                         f"off{shown(t_default)})")
     p.add_argument("--t-distance", choices=list(T_DISTANCES), default=d.t_distance,

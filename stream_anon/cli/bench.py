@@ -14,6 +14,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "engine": ("stream_anon.bench.engine", "CASTLE/UBDSA engine on ADULT (records/s, loss, memory), the peer "
                "configuration, the stream paper's grid"),
     "decoder": ("stream_anon.bench.decoder", "input decoding and validation (RecordDecoder) on ADULT"),
+    "diversity": ("stream_anon.bench.diversity", "l-diversity models and t-closeness on ADULT: loss, suppression, "
+                  "disclosure"),
     "ldp-categorical": ("stream_anon.bench.ldp_categorical", "k-RR, random substitution, l-extended tables"),
     "ldp-numeric": ("stream_anon.bench.ldp_numeric", "bounded Laplace speed, eps selection, DP k-means"),
     "mechanisms": ("", "both LDP benchmarks: ldp-categorical, then ldp-numeric"),
@@ -21,8 +23,6 @@ BENCHES: dict[str, tuple[str, str]] = {
     "service": ("stream_anon.bench.service", "end-to-end throughput and latency through a real broker"),
     "side": ("stream_anon.bench.side", "LDP side paths: pure, raw send floor, end to end"),
     "udp-loss": ("stream_anon.bench.udp_loss", "UDP loss on loopback at several rates"),
-    "diversity": ("stream_anon.bench.diversity", "l-diversity models and t-closeness on ADULT: loss, suppression, "
-                  "disclosure"),
 }
 GROUPS: dict[str, tuple[str, ...]] = {"mechanisms": ("ldp-categorical", "ldp-numeric")}
 
