@@ -290,6 +290,49 @@ def busy_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
+@pytest.fixture
+def busy_ports() -> Iterator[tuple[int, int]]:
+    """Two loopback ports other sockets listen on (a running stream-anon's main and side-path endpoints)."""
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        yield a.getsockname()[1], b.getsockname()[1]
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [
+    ("topics.input", "bad topic!", "option topics.input: expected a Kafka topic name"),
+    ("kafka.security_protocol", "TLS", "option kafka.security_protocol: expected PLAINTEXT, SSL,"),
+    ("kafka.ssl_cafile", "/no/such/ca.pem", "option kafka.ssl_cafile: file '/no/such/ca.pem' does not exist"),
+    ("kafka.linger_ms", -5, "option kafka.linger_ms: expected an integer in [0, 900000], got -5"),
+])
+def test_preflight_names_a_bad_option_before_a_busy_port(busy_ports: tuple[int, int], option: str, value: object,
+                                                        needle: str) -> None:
+    """Issue 16: with both metrics ports held by another process, a bad option is still reported as the bad
+    option (the ports are checked last); with good options the busy ports are reported, each by its option."""
+    main, side = busy_ports
+    ports = {"service.metrics_port": main, "service.side_metrics_port": side}
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        cli_service.preflight(Config.load(env={}, overrides={**ports, option: value}))
+    with pytest.raises(cli_service.MetricsEndpointError, match=rf"option service\.metrics_port: port {main} .* in use"):
+        cli_service.preflight(Config.load(env={}, overrides=ports))
+    with pytest.raises(cli_service.MetricsEndpointError,
+                       match=rf"option service\.side_metrics_port: port {side} .* in use"):
+        cli_service.preflight(Config.load(env={}, overrides={**ports, "service.metrics_port": 0}))
+
+
+def test_demo_names_a_bad_run_dir_before_a_busy_port(busy_ports: tuple[int, int], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    main, side = busy_ports
+    args = build_parser().parse_args(["demo", "--metrics-port", str(main), "--set", f"service.side_metrics_port={side}",
+                                      "--run-dir", str(f)])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert f"stream-anon demo: --run-dir: cannot create directory {str(f)!r}" in err and "in use" not in err, err
+
+
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(command: str, busy_port: int,
                                                                            tmp_path: Path) -> None:
