@@ -40,7 +40,15 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from kafka.structs import OffsetAndMetadata
 
-from stream_anon.service.broker import S3RVER_ENV, EmbeddedBroker, S3rverNotFoundError, node_binary
+from stream_anon.service.broker import (
+    S3RVER_ENV,
+    EmbeddedBroker,
+    S3rverNotFoundError,
+    node_binary,
+    process_stopped,
+    stat_state,
+    thread_states,
+)
 
 TOPIC, GROUP, PARTITIONS = "durable", "durable-group", 2
 SUPPORT = Path(__file__).with_name("durable_broker.py")
@@ -227,11 +235,16 @@ def test_freeze_stalls_the_broker_and_thaw_resumes_it(tmp_path: Path) -> None:
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers, request_timeout_ms=1500)
         try:
             admin.list_topics()
+            pid = broker.pid
+            assert pid is not None and "T" not in thread_states(pid)
             with broker.frozen_for():
                 assert broker.frozen
+                states = thread_states(pid)  # freeze() returned: every thread is stopped, none can answer
+                assert states and set(states) == {"T"}, states
                 with pytest.raises(RequestTimedOutError):
                     admin.list_topics()
             assert not broker.frozen
+            assert "T" not in thread_states(pid)  # SIGCONT resumes every thread at once
 
             def answers() -> bool:
                 try:
@@ -257,3 +270,16 @@ def test_durable_broker_without_s3rver_or_node_fails_clearly(tmp_path: Path, mon
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(S3rverNotFoundError, match="node not found"):
         node_binary()
+
+
+def test_the_stopped_state_is_read_after_the_command_name_whatever_it_holds() -> None:
+    """``freeze()`` waits for state ``T`` of every thread: the state is the field after the last ``)`` of
+    ``/proc/<pid>/task/<tid>/stat`` (the command name may hold spaces and parentheses)."""
+    assert stat_state("4217 (tansu-v0.6.0) T 4216 4217 4217 0 -1 4194560 1 0") == "T"
+    assert stat_state("12 (a (b) c) S 1 12 12 0 -1") == "S"
+    assert stat_state("12 ()) R 1 12") == "R"
+    me = os.getpid()
+    states = thread_states(me)
+    assert states and "T" not in states  # this process runs (R) or sleeps (S), it is not stopped
+    assert not process_stopped(me)
+    assert thread_states(2**22 + 1) == [] and not process_stopped(2**22 + 1)  # above pid_max: no such process
