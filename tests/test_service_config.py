@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_for
 
 import stream_anon
 from stream_anon.cli import CLIENT_LOGGERS, COMMAND_MODULES, build_parser, configure_logging
@@ -183,6 +184,7 @@ def test_a_custom_schema_needs_its_own_side_path_attributes(tmp_path: Path) -> N
     assert ok.side_paths.krr.attributes == ["diagnosis"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args", [
     ["--set", "side_paths.krr.epsilon=-1"],
     ["--schema", "SCHEMA"],
@@ -333,6 +335,7 @@ def test_demo_names_a_bad_run_dir_before_a_busy_port(busy_ports: tuple[int, int]
     assert f"stream-anon demo: --run-dir: cannot create directory {str(f)!r}" in err and "in use" not in err, err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(command: str, busy_port: int,
                                                                            tmp_path: Path) -> None:
@@ -342,12 +345,14 @@ def test_metrics_port_in_use_is_one_line_and_exit_2_before_anything_starts(comma
     assert "0 to turn the metrics endpoint off" in line
 
 
+@pytest.mark.integration
 def test_udp_bridge_metrics_port_in_use_is_one_line_and_exit_2(busy_port: int) -> None:
     line = _one_line_exit_2(_cli("udp-bridge", "--listen", "127.0.0.1:0", "--sink", "null", "--metrics-port",
                                  str(busy_port), "--max-seconds", "5"), "stream-anon udp-bridge: ")
     assert f"option --metrics-port: port {busy_port} on 127.0.0.1 is already in use" in line
 
 
+@pytest.mark.integration
 def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
     line = _one_line_exit_2(_cli("run", "--metrics-port", "0", "--set", f"service.side_metrics_port={busy_port}"),
                             "stream-anon run: ")
@@ -357,6 +362,7 @@ def test_side_metrics_port_in_use_or_shared_is_refused(busy_port: int) -> None:
     assert "service.metrics_port and service.side_metrics_port: both 9311" in line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("args", "needle"), [
     (["--metrics-addr", "no-such-host.invalid"], "option service.metrics_addr: cannot resolve 'no-such-host.invalid'"),
     (["--metrics-addr", "192.0.2.1"], "option service.metrics_addr: '192.0.2.1' is not an address of this machine"),
@@ -378,6 +384,7 @@ def test_bad_run_flags_are_one_line_and_exit_2(args: list[str], needle: str) -> 
     assert needle in line, line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("args", "needle"), [
     (["--records", "0"], "argument --records: expected an integer >= 1, got '0'"),
     (["--records", "-5"], "argument --records: expected an integer >= 1, got '-5'"),
@@ -390,6 +397,7 @@ def test_bad_demo_flags_are_one_line_and_exit_2(args: list[str], needle: str) ->
     assert needle in line, line
 
 
+@pytest.mark.integration
 def test_demo_run_dir_that_is_a_file(tmp_path: Path) -> None:
     f = tmp_path / "a-file"
     f.write_text("x")
@@ -408,6 +416,7 @@ def _adult_variants(adult_path: Path, tmp_path: Path) -> dict[str, Path]:
     return {"head": head, "cut": cut, "wrong": wrong, "missing": tmp_path / "nowhere.data", "dir": tmp_path}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("via", ["--adult", "$STREAM_ANON_ADULT"])
 @pytest.mark.parametrize(("variant", "needle"), [
     ("missing", "does not exist (from {via})"),
@@ -440,6 +449,7 @@ def test_demo_short_file_with_records_it_holds_is_accepted(adult_path: Path, tmp
     assert len(full) == 32561 and warning is None
 
 
+@pytest.mark.integration
 def test_version_comes_from_the_package_metadata() -> None:
     out = _cli("--version")
     assert out.returncode == 0, out.stderr
@@ -448,6 +458,7 @@ def test_version_comes_from_the_package_metadata() -> None:
     assert importlib.metadata.version("stream-anon") == version == stream_anon.__version__
 
 
+@pytest.mark.integration
 def test_bad_log_level_and_unknown_command_are_one_line() -> None:
     line = _one_line_exit_2(_cli("--log-level", "LOUD", "run"), "stream-anon: error: argument --log-level")
     assert "'LOUD'" in line
@@ -560,16 +571,14 @@ def test_run_with_its_embedded_broker_releases_a_replay_sent_without_end_marker(
                                  "--k", "5", "--delta", "400"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env=env)
     try:
-        bootstrap = None
-        deadline = time.monotonic() + 90
-        while bootstrap is None and time.monotonic() < deadline:
+
+        def embedded_bootstrap() -> str | None:
             text = log.read_text()
             m = re.search(r"embedded Tansu broker on (127\.0\.0\.1:\d+)", text)
-            if m and "assigned partitions" in text:
-                bootstrap = m.group(1)
-            assert proc.poll() is None, text
-            time.sleep(0.1)
-        assert bootstrap is not None, log.read_text()
+            return m.group(1) if m and "assigned partitions" in text else None
+
+        bootstrap = wait_for(embedded_bootstrap, 90, "the embedded broker and the partitions assigned",
+                             alive=lambda: proc.poll() is None, context=log.read_text)
         assert f"a partition quiet for {EMBEDDED_IDLE_FLUSH_SECONDS:g} s is flushed" in log.read_text()
         n = 1200
         replay = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path), "--limit",
