@@ -26,7 +26,7 @@ done
 if [ "$fast" = 1 ]; then
   workers=()
   if python -c "import xdist" 2>/dev/null; then
-    workers=(-n auto)
+    workers=(-n auto --dist loadfile)  # a file's tests in one worker, in file order (as when run alone)
   else
     echo "scripts/test.sh: pytest-xdist is missing (pip install -e '.[test]'): the fast tier runs on one core" >&2
   fi
