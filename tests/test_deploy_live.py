@@ -36,6 +36,7 @@ from deploy_support import (
     require_tool,
     rule_exprs,
 )
+from waiting import wait_for
 
 from stream_anon.kafka_io.broker import free_port
 from stream_anon.metrics.definitions import METRIC_NAMES
@@ -79,20 +80,6 @@ class Stack:
 def _get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return bytes(r.read())
-
-
-def _wait(what: str, fn: Any, timeout: float, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001  (retry until the deadline, report the last error)
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def _query(prom: str, expr: str) -> dict[str, Any]:
@@ -154,10 +141,10 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
     try:
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         side_url = f"http://127.0.0.1:{side_port}/metrics"
-        _wait("the service's metrics endpoint", lambda: _get(metrics_url), 60)
-        _wait("the side paths' metrics endpoint", lambda: _get(side_url), 60)
+        wait_for(lambda: _get(metrics_url), 60, "the service's metrics endpoint", retry_on=(Exception,))
+        wait_for(lambda: _get(side_url), 60, "the side paths' metrics endpoint", retry_on=(Exception,))
         udp_url = f"http://127.0.0.1:{udp_port}/metrics"
-        _wait("the UDP bridge's metrics endpoint", lambda: _get(udp_url), 60)
+        wait_for(lambda: _get(udp_url), 60, "the UDP bridge's metrics endpoint", retry_on=(Exception,))
 
         rules = tmp / "rules.yml"
         shutil.copy(RULES_YML, rules)
@@ -173,24 +160,24 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
         prom = f"http://127.0.0.1:{prom_port}"
-        _wait("Prometheus ready", lambda: _get(f"{prom}/-/ready"), 60)
-        _wait("a successful scrape of both endpoints",
-              lambda: len([v for _, v in _vector(prom, 'up{job="stream-anon"}') if v == 1.0]) == 2, 30)
+        wait_for(lambda: _get(f"{prom}/-/ready"), 60, "Prometheus ready", retry_on=(Exception,))
+        wait_for(lambda: len([v for _, v in _vector(prom, 'up{job="stream-anon"}') if v == 1.0]) == 2, 30,
+                 "a successful scrape of both endpoints", retry_on=(Exception,))
 
         records = [r for _, r in zip(range(2 * RECORDS_PER_BATCH), iter_adult_records(adult_path), strict=False)]
         _replay(broker.bootstrap_servers, records[:RECORDS_PER_BATCH])
         _send_malformed(broker.bootstrap_servers, 6)
         # the first batch must be consumed and scraped before the second, so the counter rises between scrapes
-        _wait("first batch consumed (scraped by Prometheus)",
-              lambda: [v for _, v in _vector(prom, f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})')
-                       if v >= RECORDS_PER_BATCH], 60)
+        consumed = f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})'
+        wait_for(lambda: [v for _, v in _vector(prom, consumed) if v >= RECORDS_PER_BATCH], 60,
+                 "first batch consumed (scraped by Prometheus)", retry_on=(Exception,))
         _replay(broker.bootstrap_servers, records[RECORDS_PER_BATCH:])
-        _wait("second batch consumed",
-              lambda: [v for _, v in _vector(prom, f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})')
-                       if v >= 2 * RECORDS_PER_BATCH + 6], 60)
+        wait_for(lambda: [v for _, v in _vector(prom, consumed) if v >= 2 * RECORDS_PER_BATCH + 6], 60,
+                 "second batch consumed", retry_on=(Exception,))
         time.sleep(2.5)  # a few more scrapes and rule evaluations
-        _wait("the side paths' first published records",
-              lambda: [v for _, v in _vector(prom, "sum(stream_anon_side_records_published_total)") if v > 0], 60)
+        published = "sum(stream_anon_side_records_published_total)"
+        wait_for(lambda: [v for _, v in _vector(prom, published) if v > 0], 60,
+                 "the side paths' first published records", retry_on=(Exception,))
         time.sleep(1.5)
         st = Stack(metrics_url=metrics_url, side_metrics_url=side_url, prometheus_url=prom, service=service,
                    service_log=service_log)
@@ -251,7 +238,8 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
 
 def test_prometheus_scrapes_the_service_and_the_throughput_rule_is_positive(stack: Stack) -> None:
     prom = stack.prometheus_url
-    result = _wait(f"{THROUGHPUT_RULE} > 0", lambda: [v for _, v in _vector(prom, THROUGHPUT_RULE) if v > 0], 30)
+    result = wait_for(lambda: [v for _, v in _vector(prom, THROUGHPUT_RULE) if v > 0], 30,
+                      f"{THROUGHPUT_RULE} > 0", retry_on=(Exception,))
     assert result[0] > 0
     out = _vector(prom, "job:stream_anon_records_released:rate1m")
     assert out and out[0][1] > 0, out
@@ -328,5 +316,5 @@ def test_stopping_the_service_sets_up_to_zero(stack: Stack) -> None:
     stack.service.wait(30)
     for name, cmd, env in _healthchecks(stack):
         assert _run_check(cmd, env) != 0, f"{name} still passes with the service stopped"
-    _wait("up == 0 for both endpoints after the service stopped",
-          lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}')] == [0.0, 0.0], 15)
+    wait_for(lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}')] == [0.0, 0.0], 15,
+             "up == 0 for both endpoints after the service stopped", retry_on=(Exception,))

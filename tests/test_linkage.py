@@ -29,7 +29,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
@@ -75,11 +77,10 @@ def run(broker: Any, adult_path: Path) -> Iterator[Run]:
     bs = broker.bootstrap_servers
     prefix = f"link{uuid.uuid4().hex[:6]}"
     topics = {r: f"{prefix}.{r}" for r in ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")}
-    cfg = Config.load(env={}, overrides={
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+    cfg = hermetic_config(bs, {
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", **{f"topics.{r}": t for r, t in topics.items()},
-        "topics.partitions": PARTITIONS, "anonymization.seed": 17, "service.metrics_port": 0,
-        "service.side_metrics_port": 0, "service.commit_interval_ms": 250})
+        "topics.partitions": PARTITIONS, "anonymization.seed": 17, "service.commit_interval_ms": 250})
     assert cfg.anonymization.k == K and cfg.anonymization.l == L and cfg.anonymization.zeta == 0  # the defaults
     adult = read_adult(adult_path)
     rng = random.Random(20261124)
@@ -100,13 +101,12 @@ def run(broker: Any, adult_path: Path) -> Iterator[Run]:
     ends = {p: stats.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
     main_group = KafkaConsumer(bootstrap_servers=bs, group_id=cfg.kafka.group_id, enable_auto_commit=False)
     side_group = KafkaConsumer(bootstrap_servers=bs, group_id=side_group_id(cfg), enable_auto_commit=False)
-    deadline = time.monotonic() + 240
     try:
-        while committed(main_group, cfg.topics.input) != ends or committed(side_group, cfg.topics.input) != ends:
-            assert service.is_alive(), f"the service stopped (rc {rc})"
-            assert time.monotonic() < deadline, (committed(main_group, cfg.topics.input),
-                                                 committed(side_group, cfg.topics.input), ends)
-            time.sleep(0.2)
+        topic = cfg.topics.input
+        wait_for(lambda: committed(main_group, topic) == ends == committed(side_group, topic), 240,
+                 f"the main and side groups committed to {ends}", interval=0.2, alive=service.is_alive,
+                 context=lambda: f"main {committed(main_group, topic)}, side {committed(side_group, topic)}, "
+                                 f"exit {rc}")
         seconds = time.monotonic() - t0
     finally:
         main_group.close()

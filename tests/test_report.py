@@ -96,6 +96,7 @@ def full_run(adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return {"dir": run_dir, "html": out.read_text(encoding="utf-8"), "releases": releases, "summary": summary}
 
 
+@pytest.mark.slow
 def test_report_embeds_every_plot_as_a_nonblank_png(full_run: dict[str, Any]) -> None:
     imgs = _images(full_run["html"])
     assert set(imgs) == ALL_PLOTS
@@ -107,6 +108,7 @@ def test_report_embeds_every_plot_as_a_nonblank_png(full_run: dict[str, Any]) ->
     assert files == sorted(["loss.png", "delay.png", "classes.png", "generalization.png", "ldp.png", "side.png"])
 
 
+@pytest.mark.slow
 def test_compute_extras_wrote_the_requested_grid_and_curves(full_run: dict[str, Any]) -> None:
     grid = json.loads((full_run["dir"] / "grid.json").read_text())
     # the requested grid, plus the run's own (k, delta) = (5, 300) (issue 20: the plot shows the run's point)
@@ -126,6 +128,7 @@ def test_compute_extras_wrote_the_requested_grid_and_curves(full_run: dict[str, 
     assert krr["points"][1]["error"] < krr["points"][0]["error"]  # more epsilon, less error
 
 
+@pytest.mark.slow
 def test_report_numbers_match_the_run(full_run: dict[str, Any]) -> None:
     run = load_run_dir(full_run["dir"])
     released = run.released
@@ -284,6 +287,7 @@ def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "summary": summary, "columns": columns}
 
 
+@pytest.mark.slow
 def test_every_plotted_total_variation_is_in_0_1(synthetic_run: dict[str, Any]) -> None:
     run = load_run_dir(synthetic_run["dir"])
     assert run.ldp_curves is not None
@@ -299,6 +303,7 @@ def test_every_plotted_total_variation_is_in_0_1(synthetic_run: dict[str, Any]) 
     assert 'alt="epsilon vs error"' in html
 
 
+@pytest.mark.slow
 def test_the_projection_is_what_bounds_tv(synthetic_run: dict[str, Any]) -> None:
     """Power: at eps = 0.1 on 3,000 records the raw unbiased estimate is far from a distribution (TV > 1);
     its projection is a distribution and its TV is <= 1."""
@@ -332,6 +337,7 @@ def test_project_onto_simplex_is_the_euclidean_projection() -> None:
         project_onto_simplex(np.array([np.nan, 1.0]))
 
 
+@pytest.mark.slow
 def test_summary_and_plots_come_first_raw_tables_last_and_collapsed(synthetic_run: dict[str, Any]) -> None:
     html = synthetic_run["html"]
     first_img = html.index("<img ")
@@ -344,6 +350,7 @@ def test_summary_and_plots_come_first_raw_tables_last_and_collapsed(synthetic_ru
     assert html.index('<h2 id="raw">') > html.rindex("<h2 id=") - 1  # the last section
 
 
+@pytest.mark.slow
 def test_synthetic_banner_is_the_first_thing_on_the_page(synthetic_run: dict[str, Any]) -> None:
     html = synthetic_run["html"]
     assert "<title>[SYNTHETIC] stream-anon report" in html
@@ -352,6 +359,7 @@ def test_synthetic_banner_is_the_first_thing_on_the_page(synthetic_run: dict[str
     assert banner - html.index("<h1>") < 200  # right under the title
 
 
+@pytest.mark.slow
 def test_delay_p50_is_labelled_with_its_population(synthetic_run: dict[str, Any]) -> None:
     """The report's delay rows are over the released records; the run's summary.json figure (the demo: released
     + suppressed) is shown beside it with its population, so two different p50 are never unlabelled."""

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from prometheus_client import CollectorRegistry
+from waiting import Deadline, wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.config.side_paths import KMeansConfig, SidePathConfig, budget_topic
@@ -34,20 +36,20 @@ SECRET = "side-kafka-test-secret-0123456789"
 
 
 def _config(bootstrap: str, tag: str, side: SidePathConfig) -> Config:
-    options: dict[str, Any] = {"kafka.bootstrap_servers": bootstrap, "kafka.group_id": f"g-{tag}",
+    options: dict[str, Any] = {"kafka.group_id": f"g-{tag}",
                                "kafka.session_timeout_ms": 6000, "kafka.heartbeat_interval_ms": 1000,
                                "release.secret": SECRET}
     for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
         options[f"topics.{name}"] = f"{tag}.{name}"
-    return dataclasses.replace(Config.load(env={}, overrides=options), side_paths=side)
+    return dataclasses.replace(hermetic_config(bootstrap, options), side_paths=side)
 
 
 def _read_all(bootstrap: str, topic: str, timeout_s: float = 30.0, expect: int | None = None) -> list[Any]:
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                       auto_offset_reset="earliest", allow_auto_create_topics=False)
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s, f"topic {topic} to be created")
     while not (parts := c.partitions_for_topic(topic)):  # wait for the side app to create it
-        assert time.monotonic() < deadline, f"topic {topic} was not created"
+        deadline.check()
         time.sleep(0.2)
         c.topics()  # refresh metadata
     tps = [TopicPartition(topic, p) for p in parts]
@@ -55,7 +57,7 @@ def _read_all(bootstrap: str, topic: str, timeout_s: float = 30.0, expect: int |
     c.seek_to_beginning(*tps)
     out: list[Any] = []
     idle = 0
-    while time.monotonic() < deadline:
+    while not deadline.expired():
         got = c.poll(timeout_ms=500)
         n = sum(len(v) for v in got.values())
         for recs in got.values():
@@ -138,17 +140,16 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
     t0 = time.perf_counter()
     n_parts = _produce(broker.bootstrap_servers, cfg.topics.input, values, keys, end_of_stream=True)
     running_side(cfg, metrics, status)
-    deadline = time.monotonic() + 90
-    while status.processed < n_valid or status.control < n_parts:
-        assert status.error is None, status.error
-        assert time.monotonic() < deadline, f"side paths processed only {status.processed} of {n_valid}"
-        time.sleep(0.1)
+    deadline = Deadline(90, "the side paths")
+    wait_for(lambda: status.processed >= n_valid and status.control >= n_parts, deadline.remaining,
+             f"{n_valid} records and {n_parts} end markers processed", alive=lambda: status.error is None,
+             context=lambda: str(status.summary()))
     elapsed = time.perf_counter() - t0
     # the metrics count acknowledged messages: wait for the acknowledgements (a flush after the last batch)
-    while any(status.published.get(t, 0) < n_valid for t in (cfg.topics.krr, cfg.topics.rs, cfg.topics.blap)):
-        assert status.error is None, status.error
-        assert time.monotonic() < deadline, f"side copies acknowledged: {status.published}"
-        time.sleep(0.05)
+    copies = (cfg.topics.krr, cfg.topics.rs, cfg.topics.blap)
+    wait_for(lambda: all(status.published.get(t, 0) >= n_valid for t in copies), deadline.remaining,
+             "every side copy acknowledged", interval=0.05, alive=lambda: status.error is None,
+             context=lambda: str(status.summary()))
     print(f"\nside app end to end: {n_valid} records (+2 bad, {n_parts} control) in {elapsed:.2f} s "
           f"(incl. group join) = {n_valid / elapsed:,.0f} records/s")
     assert status.skipped == {"malformed_json": 1, "missing_field": 1} and status.clipped == {"age": 1}
@@ -213,11 +214,9 @@ def test_side_app_budget_exhaustion_stops_kmeans_and_survives_a_restart(
              [r["id"].encode() for r in recs])
     with caplog.at_level("ERROR"):
         th = running_side(cfg, metrics, status)
-        deadline = time.monotonic() + 60
-        while status.processed < len(recs) or status.published.get(cfg.topics.krr, 0) < len(recs):
-            assert status.error is None, status.error
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_for(lambda: min(status.processed, status.published.get(cfg.topics.krr, 0)) >= len(recs), 60,
+                 f"{len(recs)} records processed and their krr copies acknowledged",
+                 alive=lambda: status.error is None, context=lambda: str(status.summary()))
     km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
     assert [k["window"] for k in km] == [0, 1]  # 2 x 1.0 of 2.5; windows 2 and 3 refused
     assert km[-1]["budget"] == {"scope": "stream", "total": 2.5, "spent": 2.0, "remaining": 0.5}
@@ -241,11 +240,9 @@ def test_side_app_budget_exhaustion_stops_kmeans_and_survives_a_restart(
              [r["id"].encode() for r in more])
     status2 = SideStatus()
     running_side(cfg, ServiceMetrics(CollectorRegistry()), status2)
-    deadline = time.monotonic() + 60
-    while status2.published.get(cfg.topics.krr, 0) < len(more):
-        assert status2.error is None, status2.error
-        assert time.monotonic() < deadline, status2.summary()
-        time.sleep(0.1)
+    wait_for(lambda: status2.published.get(cfg.topics.krr, 0) >= len(more), 60,
+             f"the {len(more)} krr copies after the restart acknowledged",
+             alive=lambda: status2.error is None, context=lambda: str(status2.summary()))
     assert status2.kmeans_stopped and status2.kmeans_refused == 2 and status2.kmeans_windows == 0
     assert len(_read_all(broker.bootstrap_servers, cfg.topics.kmeans)) == 2
 
@@ -285,15 +282,14 @@ def test_side_app_throughput_on_all_of_adult(broker: Any, adult_path: Path, runn
     metrics = ServiceMetrics(CollectorRegistry())
     status = SideStatus()
     running_side(cfg, metrics, status)
-    deadline = time.monotonic() + 120
-    while status.consumed == 0:
-        assert status.error is None and time.monotonic() < deadline, status.error
-        time.sleep(0.01)
+    deadline = Deadline(120, "the side paths on all of ADULT")
+    wait_for(lambda: status.consumed > 0, deadline.remaining, "the first record consumed", interval=0.01,
+             alive=lambda: status.error is None, context=lambda: str(status.summary()))
     t0 = time.perf_counter()
-    while status.published.get(cfg.topics.blap, 0) < len(recs) or status.control < n_parts \
-            or status.published.get(cfg.topics.kmeans, 0) < 7:
-        assert status.error is None and time.monotonic() < deadline, (status.error, status.published)
-        time.sleep(0.01)
+    wait_for(lambda: status.published.get(cfg.topics.blap, 0) >= len(recs) and status.control >= n_parts
+             and status.published.get(cfg.topics.kmeans, 0) >= 7, deadline.remaining,
+             "every blap copy, the end markers and 7 k-means windows", interval=0.01,
+             alive=lambda: status.error is None, context=lambda: str(status.summary()))
     elapsed = time.perf_counter() - t0
     n = len(recs)
     rate = n / elapsed

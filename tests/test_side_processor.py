@@ -408,12 +408,14 @@ def test_kmeans_budget_exhaustion_stops_the_output(adult: list[dict[str, Any]],
 
 
 # ------------------------------------------------------------------------------------------ speed
+@pytest.mark.slow
 def test_benchmark_prints_records_per_second(adult: list[dict[str, Any]]) -> None:
     res = benchmark(adult, batch_size=2000)
     assert res["records"] == len(adult)
     assert res["records_per_s"] > 5000  # measured ~35k/s on the 2-core CI machine; catches per-value loops
 
 
+@pytest.mark.slow
 def test_standard_errors_are_calibrated_over_seeds(adult: list[dict[str, Any]]) -> None:
     """40 seeded runs on 3,000 records: the squared z-scores (estimate - truth) / SE average about 1 (the SEs are
     neither too small nor inflated).  For N(0,1) z, mean z^2 over m values has sd sqrt(2/m); allow 4 sd."""

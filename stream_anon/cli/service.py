@@ -194,10 +194,6 @@ def preflight(cfg: Config) -> None:
     if s.metrics_port and side_process and s.metrics_port == s.side_metrics_port:
         raise ConfigError(f"options service.metrics_port and service.side_metrics_port: both {s.metrics_port}; the "
                           f"main and side-path endpoints need different ports (0 turns one off)")
-    if s.metrics_port:
-        check_metrics_endpoint(s.metrics_port, s.metrics_addr)
-    if side_process:
-        check_metrics_endpoint(s.side_metrics_port, s.metrics_addr, port_option="service.side_metrics_port")
     side = ("krr", "rs", "blap", "estimates", "kmeans") if cfg.side_paths.enabled and s.side_paths_mode != "off" else ()
     for name in ("input", "anon", "suppressed", "dlq", *side):
         topic = getattr(t, name)
@@ -215,6 +211,11 @@ def preflight(cfg: Config) -> None:
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"option kafka.{name}: file {path!r} does not exist")
     check_kafka_options(cfg)
+    # the ports last: a bad option is reported as such even while another process holds a port
+    if s.metrics_port:
+        check_metrics_endpoint(s.metrics_port, s.metrics_addr)
+    if side_process:
+        check_metrics_endpoint(s.side_metrics_port, s.metrics_addr, port_option="service.side_metrics_port")
 
 
 def check_kafka_options(cfg: Config) -> None:
@@ -337,12 +338,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     try:
         cfg = config_from_args(args, prog="stream-anon demo")
-        preflight(cfg)
         if args.run_dir is not None:
             try:
                 Path(args.run_dir).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir: cannot create directory {args.run_dir!r} ({e.strerror or e})") from None
+        preflight(cfg)  # the metrics ports last: a bad option is named even while a port is busy
     except (ConfigError, MetricsEndpointError) as e:
         print(f"stream-anon demo: {e}", file=sys.stderr)
         return 2
