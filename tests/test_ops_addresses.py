@@ -74,6 +74,7 @@ def test_the_probe_gives_up_after_its_wait_naming_the_address() -> None:
     assert DEFAULT_CONNECT_SECONDS == 30.0
 
 
+@pytest.mark.integration  # starts the CLI as a process
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_a_malformed_address_is_one_line_and_exit_2_before_connecting(command: str, tmp_path: Path) -> None:
     module, before, after = COMMANDS[command]

@@ -32,6 +32,7 @@ def test_the_service_takes_the_one_set_of_defaults() -> None:
 
 @pytest.mark.parametrize("command", [["run"], ["demo"], ["anonymize"], ["bench", "engine"], ["bench", "service"],
                                      ["bench", "release-path"]])
+@pytest.mark.integration  # starts the CLI as a process
 def test_every_help_shows_the_defaults(command: list[str]) -> None:
     out = run_cli(*command, "--help")
     text = " ".join(out.stdout.split())
@@ -55,6 +56,7 @@ def adult_head(adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return path
 
 
+@pytest.mark.integration  # starts the CLI as a process
 def test_anonymize_uses_the_shared_defaults(adult_head: Path, tmp_path: Path) -> None:
     out = run_cli("anonymize", "--input", str(adult_head), "--summary", str(tmp_path / "s.json"))
     assert out.returncode == 0, out.stderr
@@ -73,6 +75,7 @@ def test_anonymize_uses_the_shared_defaults(adult_head: Path, tmp_path: Path) ->
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.integration  # starts the CLI as a process
 @pytest.mark.timeout(600)
 def test_compute_extras_uses_the_runs_own_settings_and_shows_its_figure(adult_head: Path, adult_path: Path,
                                                                         tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ def test_progress_writes_no_carriage_returns_into_files() -> None:
     assert "\r" in bar_tty.getvalue()
 
 
+@pytest.mark.integration  # starts the CLI as a process
 def test_help_imports_no_heavy_library_and_is_fast() -> None:
     code = ("import sys, time; t = time.perf_counter(); from stream_anon.cli import build_parser; build_parser(); "
             "print(time.perf_counter() - t); print(','.join(m for m in sys.argv[1:] if m in sys.modules))")
@@ -86,6 +87,7 @@ def test_help_imports_no_heavy_library_and_is_fast() -> None:
           f"runs {[round(r, 3) for r in runs]}")
 
 
+@pytest.mark.integration  # starts the CLI as a process
 def test_bench_lists_exactly_what_the_readme_lists_and_refuses_a_name_in_one_line() -> None:
     readme = (ROOT / "README.md").read_text()
     m = re.search(r"`stream-anon bench ([a-z|\\-]+)`", readme)
@@ -100,6 +102,7 @@ def test_bench_lists_exactly_what_the_readme_lists_and_refuses_a_name_in_one_lin
     assert LIGHT_MECHANISMS == MECHANISMS  # the perturb command's two lists of choices (one without numpy)
 
 
+@pytest.mark.integration  # starts the CLI as a process
 def test_audit_help_is_audits_own() -> None:
     text = " ".join(run_cli("audit", "--help").stdout.split())
     assert "--no-side-paths" not in text and "embedded Tansu broker is started" not in text
@@ -107,6 +110,7 @@ def test_audit_help_is_audits_own() -> None:
         assert needle in text, needle
 
 
+@pytest.mark.integration  # starts the CLI as a process
 @pytest.mark.parametrize("command", ["kafka", "flush"])
 def test_replays_topic_option_has_help(command: str) -> None:
     text = " ".join(run_cli(command, "--help", module="replay_tools").stdout.split())

@@ -43,6 +43,7 @@ from stream_anon.config.settings import (
 from stream_anon.config.side_paths import SideTopics
 from stream_anon.core.datasets import DatasetError, read_adult_for_replay
 from stream_anon.core.schema import adult_schema
+from stream_anon.metrics.endpoint import MetricsEndpointError
 from stream_anon.service.audit import collect_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,9 +322,9 @@ def test_preflight_names_a_bad_option_before_a_busy_port(busy_ports: tuple[int, 
     ports = {"service.metrics_port": main, "service.side_metrics_port": side}
     with pytest.raises(ConfigError, match=re.escape(needle)):
         cli_service.preflight(Config.load(env={}, overrides={**ports, option: value}))
-    with pytest.raises(cli_service.MetricsEndpointError, match=rf"option service\.metrics_port: port {main} .* in use"):
+    with pytest.raises(MetricsEndpointError, match=rf"option service\.metrics_port: port {main} .* in use"):
         cli_service.preflight(Config.load(env={}, overrides=ports))
-    with pytest.raises(cli_service.MetricsEndpointError,
+    with pytest.raises(MetricsEndpointError,
                        match=rf"option service\.side_metrics_port: port {side} .* in use"):
         cli_service.preflight(Config.load(env={}, overrides={**ports, "service.metrics_port": 0}))
 
