@@ -5,8 +5,8 @@ ledger keeps one number per person (unbounded); :class:`PersonBudgetSketch` keep
 counters instead (Cormode & Muthukrishnan, "An improved data stream summary: the count-min sketch", 2005) with
 the *conservative update* (Estan & Varghese 2002):
 
-* person p hashes to one counter per row, h_r(p) = BLAKE2b keyed with a secret 256-bit key (so nobody who does
-  not hold the key can choose ids that collide);
+* person p hashes to one counter per row, h_r(p) = 4 bytes of one BLAKE2b digest keyed with a secret 256-bit key,
+  mod ``width`` (so nobody who does not hold the key can choose ids that collide);
 * its estimate is min_r C[r, h_r(p)]; a spend of eps is accepted iff estimate + eps <= cap (relative tolerance
   1e-9, as :class:`~stream_anon.privacy.budget.BudgetAccountant`), and then every one of its counters is raised
   to max(C, estimate + eps) (rounded up to the next double).
@@ -21,8 +21,12 @@ the rows
 
     P(false refusal) <= (S / (width * (cap - s - eps)))^depth      (:meth:`false_refusal_bound`).
 
-Memory: ``depth * width * 8`` bytes (default 4 x 2^18: 8 MiB), fixed.  Size it so S / (width * cap) stays small:
-with N persons each spending up to the cap, the bound for a fresh person asking for cap/2 is (2N/width)^depth.
+Memory: ``depth * width * 8`` bytes (the side paths' default 8 x 2^17: 8 MiB), fixed.  Size it so S / (width * cap)
+stays small: with N persons each spending up to the cap, the bound for a fresh person asking for cap/2 is
+(2N/width)^depth.  When every person spends about the whole cap at once (the side paths' default: one pass of a
+record spends nearly its lifetime cap) the sketch is a partitioned Bloom filter: a fresh person is refused when all
+its ``depth`` counters are taken, with probability about (1 - e^(-N/width))^depth after N persons (8 x 2^17 and all
+of ADULT, N = 32,561: 2.8e-6 per record).
 The state (:meth:`to_dict`) contains the key and must stay internal.
 """
 
@@ -64,7 +68,7 @@ def person_key_bytes(person_id: Any) -> bytes:
 class PersonBudgetSketch:
     """Conservative count-min sketch of eps spent per person, refusing spends past ``cap_epsilon`` (module doc).
 
-    ``width`` counters per row (>= 16), ``depth`` rows (1..16), ``key`` 16..64 secret bytes (default 32 from
+    ``width`` counters per row (16..2^30), ``depth`` rows (1..16), ``key`` 16..64 secret bytes (default 32 from
     ``secrets``).  ``try_spend`` is vectorized over a batch and processes a person's repeated ids in order.
     """
 
@@ -95,14 +99,13 @@ class PersonBudgetSketch:
 
     # ------------------------------------------------------------------ hashing
     def cells(self, person_ids: Iterable[Any]) -> np.ndarray:
-        """(n, depth) counter indices of the persons (keyed BLAKE2b, 8 bytes per row)."""
+        """(n, depth) counter indices of the persons (one keyed BLAKE2b digest, 4 bytes per row)."""
         ids = list(person_ids)
-        out = np.empty((len(ids), self.depth), dtype=np.int64)
-        size = 8 * self.depth
-        for n, pid in enumerate(ids):
-            digest = hashlib.blake2b(person_key_bytes(pid), key=self._key, digest_size=size).digest()
-            out[n] = np.frombuffer(digest, dtype="<u8") % np.uint64(self.width)
-        return out
+        size = 4 * self.depth
+        key = self._key
+        digests = b"".join(hashlib.blake2b(person_key_bytes(pid), key=key, digest_size=size).digest() for pid in ids)
+        words = np.frombuffer(digests, dtype="<u4").reshape(len(ids), self.depth)
+        return (words % np.uint32(self.width)).astype(np.int64)
 
     def estimate(self, person_ids: Iterable[Any]) -> np.ndarray:
         """Upper bounds of what each person has spent (min over its counters)."""
@@ -173,6 +176,14 @@ class PersonBudgetSketch:
         if slack <= 0:
             return 1.0
         return min(1.0, self.total_spent / (self.width * slack)) ** self.depth
+
+    def fresh_refusal_rate(self, epsilon: float) -> float:
+        """The chance that a person never seen before is refused ``epsilon`` now: the product over the rows of the
+        share of counters above ``cap - epsilon`` (exact for a key the sketch's secret hash spreads uniformly)."""
+        limit = self.cap_epsilon * (1.0 + RELATIVE_TOLERANCE) - check_epsilon(epsilon)
+        if limit < 0:
+            return 1.0
+        return float(np.prod(np.count_nonzero(self.counters > limit, axis=1) / self.width))
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
