@@ -22,15 +22,19 @@ from stream_anon.core.loss import (
     cail_categorical_loss,
     cail_loss_matrix,
     cail_record_loss,
+    cail_table,
     castle_loss,
     castle_loss_with_suppressed,
     castle_record_loss,
     categorical_attribute_loss,
     discernibility,
     goldberger_tassa_loss,
+    gt_loss_table,
     iyengar_lm_loss,
     iyengar_lm_loss_per_attribute,
     numeric_attribute_loss,
+    numeric_inverse_width,
+    numeric_range_loss,
     parse_generalization,
     summarize_classes,
     summarize_release_frame,
@@ -335,3 +339,23 @@ def test_adult_sorted_partition_summary_exact_equals_float(adult_path: Path) -> 
     # sorted by age first: the age intervals are nearly points, the unsorted categorical QIs are not
     assert flt.lm_loss_per_attribute["age"] < 0.01 < flt.lm_loss_per_attribute["occupation"]
 
+
+
+def test_the_formulas_float_tables_are_the_exact_ones_rounded() -> None:
+    """One formula per term: the float tables the engine scores with are the exact Fractions, correctly rounded
+    (a quotient of two small integers in binary64 is the rounded exact quotient), on every ADULT hierarchy."""
+    to_float = np.vectorize(float, otypes=[np.float64])
+    for a in adult_schema().categorical_qis:
+        h = a.hierarchy
+        assert h is not None
+        for table in (gt_loss_table, cail_table):
+            exact, flt = table(h, exact=True), table(h)
+            assert exact.dtype == object and isinstance(exact[0, -1], F)
+            assert np.array_equal(to_float(exact), flt), (a.name, table.__name__)
+        assert gt_loss_table(h)[0, 0] == 0 and cail_table(h)[0, 0] == 0 and gt_loss_table(h)[0, -1] == 1
+    inv = numeric_inverse_width(17, 90, exact=True)
+    assert inv == F(1, 73) and numeric_range_loss(F(20), F(38), inv) == F(18, 73)
+    assert numeric_range_loss(np.array([20.0, 17.0]), np.array([38.0, 90.0]), numeric_inverse_width(17, 90)).tolist() \
+        == [18.0 * (1.0 / 73.0), 73.0 * (1.0 / 73.0)]
+    with pytest.raises(ValueError, match=r"need hi > lo"):
+        numeric_inverse_width(5, 5)

@@ -17,16 +17,18 @@ from stream_anon.privacy import (
     PrivacyParameterError,
     QuadTreeKMeans,
     RandomSubstitution,
+    UnsafeFloatBoundedLaplace,
     exact_epsilon,
     record_epsilon,
 )
-from stream_anon.privacy.accounting import (
+from stream_anon.privacy.exact import LOG_MARGIN
+from stream_anon.privacy.randomized_response import krr_sampling_ratio
+from stream_anon.privacy.substitution import (
+    _frapp_draw,
+    enumerated_epsilon,
     frapp_sampling_matrix,
     frapp_sampling_ratio,
-    krr_sampling_ratio,
 )
-from stream_anon.privacy.exact import LOG_MARGIN
-from stream_anon.privacy.substitution import _frapp_draw, enumerated_epsilon
 
 CATS16 = [f"c{i}" for i in range(16)]
 
@@ -88,7 +90,7 @@ def test_frapp_and_l_extended_exact_epsilons() -> None:
 def test_numeric_mechanisms_and_record_total() -> None:
     blap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, integer=True)
     assert exact_epsilon(blap) == blap.epsilon <= 1.0
-    assert exact_epsilon(BoundedLaplace(epsilon=1.0, lower=17, upper=90, unsafe_float=True)) == math.inf
+    assert exact_epsilon(UnsafeFloatBoundedLaplace(epsilon=1.0, lower=17, upper=90)) == math.inf
     income = DiscretizedBoundedLaplace(epsilon=1.0, categories=["<=50K", ">50K"], calibration="patent")
     assert exact_epsilon(income) == pytest.approx(0.3309, abs=1e-4)
     km = QuadTreeKMeans(n_clusters=3, epsilon=1.0, bounds=([17, 1], [90, 99]), neighbouring="add_remove")
@@ -97,6 +99,6 @@ def test_numeric_mechanisms_and_record_total() -> None:
     total = record_epsilon([krr, blap, income])
     assert total >= exact_epsilon(krr) + exact_epsilon(blap) + exact_epsilon(income) - 1e-15
     assert total == pytest.approx(2.3309, abs=1e-4)
-    assert record_epsilon([blap, BoundedLaplace(epsilon=1.0, lower=0, upper=1, unsafe_float=True)]) == math.inf
+    assert record_epsilon([blap, UnsafeFloatBoundedLaplace(epsilon=1.0, lower=0, upper=1)]) == math.inf
     with pytest.raises(PrivacyParameterError, match="no exact epsilon known for str"):
         exact_epsilon("k-RR")

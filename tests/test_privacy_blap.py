@@ -1,5 +1,5 @@
-"""Bounded Laplace, continuous theory and the unsafe binary64 sampler (``unsafe_float=True``): Holohan scale,
-density (KS), diffprivlib oracle, empirical privacy ratio; plus the grid mechanism's estimators and errors.
+"""Bounded Laplace, continuous theory and the unsafe binary64 sampler (``UnsafeFloatBoundedLaplace``): Holohan
+scale, density (KS), diffprivlib oracle, empirical privacy ratio; plus the grid mechanism's estimators and errors.
 
 The exact grid mechanism (default) has its exactness tests in ``test_privacy_blap_exact.py``."""
 
@@ -14,6 +14,7 @@ from scipy import integrate, stats
 from stream_anon.privacy.base import PrivacyParameterError
 from stream_anon.privacy.bounded_laplace import (
     BoundedLaplace,
+    UnsafeFloatBoundedLaplace,
     actual_epsilon,
     bounded_laplace_scale,
 )
@@ -32,7 +33,7 @@ CONFIGS = [  # epsilon, sensitivity, lower, upper
 def test_scale_bias_variance_match_diffprivlib(eps: float, sens: float, lo: float, hi: float) -> None:
     from diffprivlib.mechanisms import LaplaceBoundedDomain
 
-    ours = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, sensitivity=sens, unsafe_float=True, rng=0)
+    ours = UnsafeFloatBoundedLaplace(epsilon=eps, lower=lo, upper=hi, sensitivity=sens, rng=0)
     peer = LaplaceBoundedDomain(epsilon=eps, sensitivity=sens, lower=lo, upper=hi, random_state=0)
     assert ours.scale == pytest.approx(peer._find_scale(), rel=1e-9)
     xs = np.linspace(lo, hi, 9)
@@ -43,7 +44,7 @@ def test_scale_bias_variance_match_diffprivlib(eps: float, sens: float, lo: floa
 
 @pytest.mark.parametrize(("eps", "sens", "lo", "hi"), CONFIGS)
 def test_scale_really_gives_epsilon(eps: float, sens: float, lo: float, hi: float) -> None:
-    m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, sensitivity=sens, unsafe_float=True, rng=0)
+    m = UnsafeFloatBoundedLaplace(epsilon=eps, lower=lo, upper=hi, sensitivity=sens, rng=0)
     assert actual_epsilon(m.scale, sens, hi - lo) == pytest.approx(eps, rel=1e-9)
     assert actual_epsilon(m.scale, sens, hi - lo) <= eps * (1 + 1e-12)
     if sens < hi - lo:  # the naive scale under-protects
@@ -55,7 +56,7 @@ def test_scale_with_delta_matches_diffprivlib() -> None:
     from diffprivlib.mechanisms import LaplaceBoundedDomain
 
     for eps, delta, sens in ((0.5, 0.05, 1.0), (1.0, 0.2, 0.3), (2.0, 0.01, 2.0)):
-        ours = BoundedLaplace(epsilon=eps, lower=-1, upper=1, sensitivity=sens, delta=delta, unsafe_float=True)
+        ours = UnsafeFloatBoundedLaplace(epsilon=eps, lower=-1, upper=1, sensitivity=sens, delta=delta)
         peer = LaplaceBoundedDomain(epsilon=eps, delta=delta, sensitivity=sens, lower=-1, upper=1)
         assert ours.scale == pytest.approx(peer._find_scale(), rel=1e-9)
         assert actual_epsilon(ours.scale, sens, 2.0) == pytest.approx(eps - math.log1p(-delta), rel=1e-9)
@@ -64,7 +65,7 @@ def test_scale_with_delta_matches_diffprivlib() -> None:
 def test_patent_scale_and_peer_fact() -> None:
     # dQ = 2 on [-1, 1], delta = 0: b = 2 / eps exactly (naive = correct)
     for eps in (0.1, 0.5, 1.0, 4.0):
-        assert BoundedLaplace(epsilon=eps, lower=-1, upper=1, unsafe_float=True).scale == pytest.approx(
+        assert UnsafeFloatBoundedLaplace(epsilon=eps, lower=-1, upper=1).scale == pytest.approx(
             2.0 / eps, rel=1e-12)
         # the grid mechanism calibrated exactly lands on the same scale (full-width truncated discrete Laplace)
         assert BoundedLaplace(epsilon=eps, lower=-1, upper=1).scale == pytest.approx(2.0 / eps, rel=1e-9)
@@ -78,8 +79,8 @@ def test_patent_scale_and_peer_fact() -> None:
 @pytest.mark.parametrize("eps", [0.5, 2.0, 20.0])
 @pytest.mark.parametrize("x", [-1.0, -0.3, 0.9, 1.0])
 def test_density_matches_formula_ks(eps: float, x: float) -> None:
-    m = BoundedLaplace(epsilon=eps, lower=-1, upper=1, unsafe_float=True,
-                       rng=np.random.default_rng(int(1000 * eps + 10 * x + 50)))
+    m = UnsafeFloatBoundedLaplace(epsilon=eps, lower=-1, upper=1,
+                                  rng=np.random.default_rng(int(1000 * eps + 10 * x + 50)))
     y = m.randomise_many(np.full(20_000, x))
     assert y.min() >= -1.0 and y.max() <= 1.0
     res = stats.kstest(y, lambda v: m.cdf(v, x))
@@ -87,7 +88,7 @@ def test_density_matches_formula_ks(eps: float, x: float) -> None:
 
 
 def test_continuous_cdf_and_expected_output_match_quadrature() -> None:
-    m = BoundedLaplace(epsilon=1.3, lower=17, upper=90, unsafe_float=True, rng=0)
+    m = UnsafeFloatBoundedLaplace(epsilon=1.3, lower=17, upper=90, rng=0)
     b = m.normalized_scale
 
     def density(v: float, x: float) -> float:  # f_q(y) of the module docstring, in data units
@@ -105,11 +106,11 @@ def test_continuous_cdf_and_expected_output_match_quadrature() -> None:
 
 def test_outputs_stay_in_data_bounds_even_at_extremes() -> None:
     x = np.concatenate([np.full(50_000, 17.0), np.full(50_000, 90.0)])
-    for unsafe in (True, False):
-        m = BoundedLaplace(epsilon=0.01, lower=17, upper=90, unsafe_float=unsafe, rng=1)
+    for mechanism in (UnsafeFloatBoundedLaplace, BoundedLaplace):
+        m = mechanism(epsilon=0.01, lower=17, upper=90, rng=1)
         y = m.randomise_many(x)
         assert y.min() >= 17 and y.max() <= 90
-        m2 = BoundedLaplace(epsilon=200.0, lower=17, upper=90, unsafe_float=unsafe, rng=2)
+        m2 = mechanism(epsilon=200.0, lower=17, upper=90, rng=2)
         y2 = m2.randomise_many(x)
         assert y2.min() >= 17 and y2.max() <= 90
         assert np.abs(y2 - x).max() < 5.0  # scale 0.365 years (grid: the table caps the eps it can state)
@@ -119,7 +120,7 @@ def test_two_sample_ks_against_diffprivlib_samples() -> None:
     from diffprivlib.mechanisms import LaplaceBoundedDomain
 
     for x, sens in ((20.0, 10.0), (60.0, 73.0)):
-        ours = BoundedLaplace(epsilon=0.7, lower=17, upper=90, sensitivity=sens, unsafe_float=True, rng=3)
+        ours = UnsafeFloatBoundedLaplace(epsilon=0.7, lower=17, upper=90, sensitivity=sens, rng=3)
         peer = LaplaceBoundedDomain(epsilon=0.7, sensitivity=sens, lower=17, upper=90, random_state=4)
         a = ours.randomise_many(np.full(3000, x))
         b = np.array([peer.randomise(x) for _ in range(3000)])
@@ -141,11 +142,11 @@ def test_empirical_privacy_ratio_within_e_eps() -> None:
     n = 400_000
     edges = np.linspace(-1, 1, 41)
     # patent setting: neighbours are the two ends of the domain
-    m = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, unsafe_float=True, rng=5)
+    m = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=-1, upper=1, rng=5)
     lo, _ = _max_log_ratio_with_tolerance(m.randomise_many(np.full(n, -1.0)), m.randomise_many(np.full(n, 1.0)), edges)
     assert lo <= 1.0
     # sensitivity 1 on [-1, 1] with the Holohan scale: worst pair q=-1, q'=0
-    m1 = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, sensitivity=1.0, unsafe_float=True, rng=6)
+    m1 = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=-1, upper=1, sensitivity=1.0, rng=6)
     lo1, _ = _max_log_ratio_with_tolerance(m1.randomise_many(np.full(n, -1.0)),
                                            m1.randomise_many(np.full(n, 0.0)), edges)
     assert lo1 <= 1.0
@@ -160,7 +161,7 @@ def test_naive_scale_is_detectably_not_epsilon() -> None:
     n = 400_000
     # b = 1 on [-1, 1] is the naive scale dQ/eps for dQ = 1, eps = 1 (here obtained as the correct scale of
     # eps = 2 with dQ = 2); for neighbours at distance 1 it gives 1 + ln dC(1) = 1.38, not 1
-    naive = BoundedLaplace(epsilon=2.0, lower=-1, upper=1, sensitivity=2.0, unsafe_float=True, rng=7)
+    naive = UnsafeFloatBoundedLaplace(epsilon=2.0, lower=-1, upper=1, sensitivity=2.0, rng=7)
     assert naive.scale == pytest.approx(1.0)
     edges = np.linspace(-1, 1, 41)
     _, hi = _max_log_ratio_with_tolerance(naive.randomise_many(np.full(n, -1.0)),
@@ -193,10 +194,10 @@ def test_grid_transforms_unbiased_exactly(lo: float, hi: float, integer: bool) -
 
 def test_unsafe_continuous_transform_exact_away_from_bounds() -> None:
     for eps in (0.3, 1.0, 8.0):
-        m = BoundedLaplace(epsilon=eps, lower=-1, upper=1, unsafe_float=True, rng=0)
+        m = UnsafeFloatBoundedLaplace(epsilon=eps, lower=-1, upper=1, rng=0)
         b = m.normalized_scale
 
-        def f(y: float, q: float, m: BoundedLaplace = m, b: float = b) -> float:
+        def f(y: float, q: float, m: UnsafeFloatBoundedLaplace = m, b: float = b) -> float:
             c = 1 - (math.exp(-(q + 1) / b) + math.exp(-(1 - q) / b)) / 2
             return float(m.unbiased_transform(np.asarray([y]))[0]) * math.exp(-abs(y - q) / b) / (2 * b * c)
 
@@ -234,7 +235,7 @@ def test_mean_estimator_on_adult_age(adult_path: object) -> None:
 
 def test_expected_output_monotone_and_inverse_round_trip() -> None:
     for m in (BoundedLaplace(epsilon=0.8, lower=1, upper=99, sensitivity=5, rng=0),
-              BoundedLaplace(epsilon=0.8, lower=1, upper=99, sensitivity=5, unsafe_float=True, rng=0)):
+              UnsafeFloatBoundedLaplace(epsilon=0.8, lower=1, upper=99, sensitivity=5, rng=0)):
         xs = np.linspace(1, 99, 301)
         g = np.asarray(m.expected_output(xs))
         assert np.all(np.diff(g) > 0)
@@ -277,7 +278,7 @@ def test_outputs_on_the_public_grid_and_snap_bits_superseded() -> None:
     assert np.all(ya == np.round(ya)) and len(age.grid) == 74
     with pytest.warns(DeprecationWarning, match="snap_bits"):
         BoundedLaplace(epsilon=1.0, lower=-1, upper=1, snap_bits=10, rng=0)
-    unsafe = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, snap_bits=10, unsafe_float=True, rng=0)
+    unsafe = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=-1, upper=1, snap_bits=10, rng=0)
     yu = unsafe.randomise_many(np.linspace(-1, 1, 10_000))
     assert np.all(np.round(yu * 1024) == yu * 1024)
 

@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from stream_anon.bench import reachability
-from stream_anon.privacy import BoundedLaplace, exact_epsilon
+from stream_anon.privacy import BoundedLaplace, UnsafeFloatBoundedLaplace, exact_epsilon
 from stream_anon.privacy.base import seeded_crypto_rng
 from stream_anon.privacy.exact import LOG_MARGIN, IntegerTable, integer_weights
 
@@ -165,7 +165,7 @@ def test_opendp_discrete_laplace_conditioned_on_the_grid_is_our_pmf() -> None:
 
 def test_float_path_before_has_unreachable_outputs_grid_after_has_none() -> None:
     """The issue's 'before': outputs of 38 that the binary64 sampler cannot produce from 39 (exact test)."""
-    before = BoundedLaplace(epsilon=1.0, lower=17, upper=90, unsafe_float=True)
+    before = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=17, upper=90)
     frac, se = reachability.unreachable_fraction_float(before, 38.0, 39.0, n=4000, seed=3)
     assert frac > 0.05 and frac - 4 * se > 0.05  # measured 14.4 % with n = 200,000
     assert reachability.monotonicity_violations(before, 39.0, windows=2, length=20_000) == 0
@@ -176,7 +176,7 @@ def test_float_path_before_has_unreachable_outputs_grid_after_has_none() -> None
 
 def test_reachable_from_finds_outputs_of_the_same_input() -> None:
     """Sanity of the search: every output of x is reachable from x itself."""
-    m = BoundedLaplace(epsilon=1.0, lower=1, upper=16, unsafe_float=True)
+    m = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=1, upper=16)
     rng = seeded_crypto_rng(4)
     grid_m = rng.integers(0, reachability.GRID, size=2000, dtype=np.int64)
     y, _ = reachability._float_output(m, 9.0, grid_m)

@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from stream_anon.privacy.accounting import exact_epsilon, frapp_sampling_ratio, krr_sampling_ratio
+from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.base import seeded_crypto_rng
-from stream_anon.privacy.randomized_response import KRandomizedResponse
+from stream_anon.privacy.randomized_response import KRandomizedResponse, krr_sampling_ratio
 from stream_anon.privacy.substitution import (
     LExtendedSubstitution,
     RandomSubstitution,
+    frapp_sampling_ratio,
     frapp_standard_error_bound,
     gamma_for_epsilon,
 )

@@ -22,6 +22,7 @@ from stream_anon.privacy.bounded_laplace import (
     BoundedLaplace,
     Calibration,
     DiscretizedBoundedLaplace,
+    UnsafeFloatBoundedLaplace,
     actual_epsilon,
     bounded_laplace_scale,
 )
@@ -96,13 +97,13 @@ def _speed(quick: bool, seed: int) -> None:
     for gen in ("ChaCha20", "PCG64"):
         blap = BoundedLaplace(epsilon=1.0, lower=17, upper=90, integer=True, rng=_generator(gen, seed))
         real = BoundedLaplace(epsilon=1.0, lower=-1, upper=1, rng=_generator(gen, seed))
-        unsafe = BoundedLaplace(epsilon=1.0, lower=17, upper=90, unsafe_float=True, rng=_generator(gen, seed))
+        unsafe = UnsafeFloatBoundedLaplace(epsilon=1.0, lower=17, upper=90, rng=_generator(gen, seed))
         dblap = DiscretizedBoundedLaplace(epsilon=1.0, categories=cats, rng=_generator(gen, seed))
         print(f"| BoundedLaplace.randomise_many (age, integer grid) | {gen} | {n:,} | "
               f"{_fmt_rates(partial(blap.randomise_many, ages), n)} |")
         print(f"| BoundedLaplace.randomise_many ([-1, 1], grid 2^-7, real inputs) | {gen} | {n:,} | "
               f"{_fmt_rates(partial(real.randomise_many, reals), n)} |")
-        print(f"| BoundedLaplace(unsafe_float=True) (age; not eps-DP, before) | {gen} | {n:,} | "
+        print(f"| UnsafeFloatBoundedLaplace (age; not eps-DP, before) | {gen} | {n:,} | "
               f"{_fmt_rates(partial(unsafe.randomise_many, ages), n)} |")
         print(f"| DiscretizedBoundedLaplace.randomise_indices (m=5) | {gen} | {n:,} | "
               f"{_fmt_rates(partial(dblap.randomise_indices, idx), n)} |")
@@ -186,7 +187,7 @@ def _exact(quick: bool) -> None:
                 h = m.unbiased_transform(x, boundary_width=w)
                 sd = np.sqrt(np.maximum(P @ (h * h) - (P @ h) ** 2, 0.0))
                 cells.append(f"{sd[mid]:.2f} / {sd[0]:.2f}")
-            cont = BoundedLaplace(scale=m.scale, lower=lo, upper=hi, unsafe_float=True)
+            cont = UnsafeFloatBoundedLaplace(scale=m.scale, lower=lo, upper=hi)
             hc = cont.unbiased_transform(x)
             print(f"| {name} | {eps:g} | {cells[0]} | {cells[1]} | {m.max_transform_bias():.3f} | "
                   f"{np.abs(P @ hc - x).max():.3f} |")

@@ -3,7 +3,7 @@
 ``python -m stream_anon.bench.reachability [--n N] [--seed S] [--epsilon E ...]`` (also a section of
 ``stream-anon bench ldp-numeric``).
 
-*Before* (the binary64 sampler, now ``BoundedLaplace(unsafe_float=True)``): numpy's ``Generator.random()``
+*Before* (the binary64 sampler, now ``UnsafeFloatBoundedLaplace``): numpy's ``Generator.random()``
 returns m 2^-53 for m in [0, 2^53), and the sampler is a deterministic function y = f(x, m).  We draw outputs
 y = f(x, m) for random m and decide, for each, whether some m' gives f(x', m') == y exactly.  f(x', .) is
 non-increasing in m' on the left branch (m' below the branch point) and non-decreasing on the right branch (every
@@ -25,7 +25,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from stream_anon.privacy.base import seeded_crypto_rng
-from stream_anon.privacy.bounded_laplace import BoundedLaplace, _sample_n_from_uniform
+from stream_anon.privacy.bounded_laplace import BoundedLaplace
+from stream_anon.privacy.bounded_laplace.unsafe_float import (
+    UnsafeFloatBoundedLaplace,
+    sample_unit_from_uniform,
+)
 
 GRID = 1 << 53
 PAIRS: tuple[tuple[str, float, float, float, float], ...] = (
@@ -36,19 +40,18 @@ PAIRS: tuple[tuple[str, float, float, float, float], ...] = (
 )
 
 
-def _float_output(mech: BoundedLaplace, x: float, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _float_output(mech: UnsafeFloatBoundedLaplace, x: float, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(output, on-left-branch) of the unsafe sampler for input x and uniforms m * 2^-53 (the library's code)."""
-    model = mech._float
-    assert model is not None
+    model = mech.model
     q = model.to_unit(np.full(m.shape, float(x)))
     u = m.astype(np.float64) * (1.0 / GRID)
     m_left = -np.expm1(-(q + 1.0) / model.b)
     m_right = -np.expm1(-(1.0 - q) / model.b)
     left = u * (m_left + m_right) < m_left
-    return model.from_unit(_sample_n_from_uniform(q, model.b, u)), left
+    return model.from_unit(sample_unit_from_uniform(q, model.b, u)), left
 
 
-def _branch_point(mech: BoundedLaplace, x: float) -> int:
+def _branch_point(mech: UnsafeFloatBoundedLaplace, x: float) -> int:
     """First m on the right branch (the left-branch predicate is monotone in m)."""
     lo, hi = 0, GRID
     while hi - lo > 1:
@@ -62,7 +65,7 @@ def _branch_point(mech: BoundedLaplace, x: float) -> int:
     return hi if left0[0] else 0
 
 
-def reachable_from(mech: BoundedLaplace, x: float, targets: np.ndarray, *, window: int = 4) -> np.ndarray:
+def reachable_from(mech: UnsafeFloatBoundedLaplace, x: float, targets: np.ndarray, *, window: int = 4) -> np.ndarray:
     """For each target output, whether some uniform m' in [0, 2^53) makes the unsafe sampler output it from x."""
     n = targets.shape[0]
     split = _branch_point(mech, x)
@@ -87,7 +90,7 @@ def reachable_from(mech: BoundedLaplace, x: float, targets: np.ndarray, *, windo
     return found
 
 
-def unreachable_fraction_float(mech: BoundedLaplace, x: float, x_neighbour: float, n: int, seed: int
+def unreachable_fraction_float(mech: UnsafeFloatBoundedLaplace, x: float, x_neighbour: float, n: int, seed: int
                                ) -> tuple[float, float]:
     """(fraction, standard error) of outputs of x that x_neighbour cannot produce (unsafe sampler, exact test)."""
     rng = seeded_crypto_rng(seed)
@@ -104,7 +107,7 @@ def unreachable_fraction_grid(mech: BoundedLaplace, x: float, x_neighbour: float
     return float(p[q == 0].sum())
 
 
-def monotonicity_violations(mech: BoundedLaplace, x: float, *, windows: int = 20, length: int = 100_000,
+def monotonicity_violations(mech: UnsafeFloatBoundedLaplace, x: float, *, windows: int = 20, length: int = 100_000,
                             seed: int = 1) -> int:
     """Spot check: consecutive m on one branch never move the output the wrong way (should be 0)."""
     rng = seeded_crypto_rng(seed)
@@ -123,7 +126,7 @@ def report(*, epsilons: Sequence[float] = (1.0,), n: int = 200_000, seed: int = 
     for eps in epsilons:
         for name, lo, hi, x, xn in PAIRS:
             integer = name != "[-1, 1]"
-            before = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, unsafe_float=True)
+            before = UnsafeFloatBoundedLaplace(epsilon=eps, lower=lo, upper=hi)
             after = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=integer)
             frac, se = unreachable_fraction_float(before, x, xn, n, seed)
             viol = monotonicity_violations(before, xn, windows=5)

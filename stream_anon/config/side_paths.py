@@ -7,7 +7,7 @@ a bad option raises :class:`SidePathConfigError` (or the mechanism's ``PrivacyPa
 the allowed values and the value.
 
 Epsilons are COMPUTED, never assumed: every attribute states the exact eps of its mechanism as configured
-(:func:`stream_anon.privacy.accounting.exact_epsilon`: from the mechanism's own output distribution in the
+(the mechanism's ``exact_epsilon``, :mod:`stream_anon.privacy.mechanism`: from its own output distribution in the
 arithmetic it runs in, rounded up), one record's eps on a topic is their sum, the k-means output adds the exact eps
 of the one window the record is in (replace-one windows of a fixed record count), and the record's total over all
 side outputs is the sum of those (sequential composition, Dwork & Roth Thm 3.16).  Sums are exact sums of the
@@ -29,11 +29,11 @@ from typing import Any, Literal
 import numpy as np
 
 from stream_anon.core.schema import Kind, Schema, adult_schema
-from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.budget import RELATIVE_TOLERANCE
 from stream_anon.privacy.discrete_laplace import fraction_upper
 from stream_anon.privacy.dp_kmeans import QuadTreeKMeans
+from stream_anon.privacy.mechanism import PrivacyMechanism
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import LExtendedSubstitution, RandomSubstitution, gamma_for_epsilon
 
@@ -247,7 +247,7 @@ class CategoricalPlan:
     attribute: str
     categories: list[str]
     mech: CategoricalMechanism
-    epsilon: float  # the mechanism's exact eps (accounting.exact_epsilon, rounded up)
+    epsilon: float  # the mechanism's exact eps (its exact_epsilon, rounded up)
     reports_per_record: int = 1
 
 
@@ -258,7 +258,7 @@ class NumericPlan:
     attribute: str
     mech: BoundedLaplace
     boundary_width: float
-    epsilon: float  # exact (accounting.exact_epsilon)
+    epsilon: float  # exact (the mechanism's exact_epsilon)
 
 
 @dataclass(frozen=True)
@@ -425,8 +425,8 @@ def _check_general(config: SidePathConfig, schema: Schema) -> None:
                    f"derived from the record id)", config.pseudonyms)
 
 
-def _exact(mech: Any) -> float:
-    return float(exact_epsilon(mech))
+def _exact(mech: PrivacyMechanism) -> float:
+    return float(mech.exact_epsilon)
 
 
 def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:

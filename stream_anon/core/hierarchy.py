@@ -226,23 +226,6 @@ class Hierarchy:
             out.append(int(self.node_parent[out[-1]]))
         return out
 
-    # ------------------------------------------------------------------ loss tables
-    def gt_loss_table(self) -> np.ndarray:
-        """``(M, M)``: (leaves(LCA(i, j)) - 1) / (M - 1), the LM / Goldberger–Tassa categorical loss."""
-        m = self.n_leaves
-        counts = self.node_leaf_counts()[self.lca]
-        if m <= 1:
-            return np.zeros((m, m))
-        return (counts - 1) / (m - 1)
-
-    def cail_table(self) -> np.ndarray:
-        """``(M, M)``: leaves(LCA)/M when the LCA is an inner node, 0 when it stays a leaf (UBDSA CAIL)."""
-        m = self.n_leaves
-        counts = self.node_leaf_counts()[self.lca].astype(float)
-        table = counts / max(m, 1)
-        table[self.lca < m] = 0.0  # node ids < M are leaves
-        return table
-
     def to_csv_text(self, delimiter: str = ";") -> str:
         """Serialize back to ARX layout (round-trips with :meth:`from_csv_text`)."""
         lines = []

@@ -35,6 +35,13 @@ Table metrics:
 
 Every metric has an exact path (``exact=True``: :class:`fractions.Fraction` arithmetic on numpy object arrays)
 and a float path (numpy float64), both vectorized over classes.  Metrics of an empty release are 0.
+
+This module is the one place of these formulas: the per-attribute terms (:func:`numeric_range_loss`,
+:func:`lm_categorical_loss`, :func:`cail_categorical_loss_of`) and their per-node / leaf-pair tables
+(:func:`lm_node_losses`, :func:`cail_node_losses`, :func:`gt_loss_table`, :func:`cail_table`) are what the
+engine scores and releases with (:mod:`stream_anon.core.engine.clusters`), what the summaries and the report
+compute, exact or float.  A numeric range is weighted by the reciprocal of the domain width
+(:func:`numeric_inverse_width`), as the engine's vectorized scoring does, so the float values agree to the bit.
 """
 
 from __future__ import annotations
@@ -60,16 +67,23 @@ __all__ = [
     "format_interval",
     "parse_interval",
     "parse_interval_exact",
+    "numeric_inverse_width",
+    "numeric_range_loss",
+    "lm_categorical_loss",
+    "cail_categorical_loss_of",
+    "lm_node_losses",
+    "cail_node_losses",
+    "gt_loss_table",
+    "cail_table",
     "numeric_attribute_loss",
     "categorical_attribute_loss",
     "cail_categorical_loss",
     "castle_record_loss",
     "cail_record_loss",
-    "gt_loss_table_exact",
-    "cail_table_exact",
     "attribute_loss_matrix",
     "cail_loss_matrix",
     "goldberger_tassa_loss",
+    "goldberger_tassa_from_totals",
     "iyengar_lm_loss_per_attribute",
     "iyengar_lm_loss",
     "castle_loss",
@@ -161,34 +175,119 @@ class ReleaseLike(Protocol):
     def records(self) -> tuple[Mapping[str, Any], ...]: ...
 
 
+# ============================================================================ per-attribute terms: the formulas
+def numeric_inverse_width(domain_lo: Any, domain_hi: Any, *, exact: bool = False) -> Number:
+    """1 / (hi - lo) of a numeric QI's public domain [lo, hi]: the weight of a released range in l_a."""
+    if exact:
+        width = Fraction(domain_hi) - Fraction(domain_lo)
+        if width <= 0:
+            raise ValueError(f"numeric domain: need hi > lo, got [{domain_lo}, {domain_hi}]")
+        return 1 / width
+    if not float(domain_hi) > float(domain_lo):
+        raise ValueError(f"numeric domain: need hi > lo, got [{domain_lo}, {domain_hi}]")
+    return 1.0 / (float(domain_hi) - float(domain_lo))
+
+
+def numeric_range_loss(vmin: Any, vmax: Any, inverse_width: Number) -> Any:
+    """Numeric l_a = (max - min) / (hi - lo) over the public domain [lo, hi] (LM: Iyengar, KDD 2002; Goldberger &
+    Tassa, TDP 2010; CASTLE's and CAIL's numeric term), computed as (max - min) * :func:`numeric_inverse_width`.
+
+    Vectorized: scalars or arrays; float64 in, float64 out; Fractions (object arrays) with a Fraction
+    ``inverse_width``: exact.
+    """
+    return (vmax - vmin) * inverse_width
+
+
+def lm_categorical_loss(leaves: Any, n_leaves: int, *, exact: bool = False) -> Any:
+    """Categorical l_a = (leaves(gen) - 1) / (M - 1) (LM, Iyengar KDD 2002; Goldberger & Tassa 2010): 0 for a leaf,
+    1 for the root; 0 for every value when the hierarchy has a single leaf (M = 1).
+
+    ``leaves``: the number of leaves under the released node (scalar or array); float64, or Fractions when
+    ``exact`` (a scalar Fraction, or an object array).
+    """
+    m = int(n_leaves)
+    if exact:
+        if np.ndim(leaves) == 0:
+            return Fraction(int(leaves) - 1, m - 1) if m > 1 else Fraction(0)
+        out = np.empty(np.shape(leaves), dtype=object)
+        out.ravel()[:] = [Fraction(int(c) - 1, m - 1) if m > 1 else Fraction(0) for c in np.ravel(leaves)]
+        return out
+    counts = np.asarray(leaves, dtype=np.int64)
+    return (counts - 1) / (m - 1) if m > 1 else np.zeros(counts.shape)
+
+
+def cail_categorical_loss_of(leaves: Any, n_leaves: int, generalized: Any, *, exact: bool = False) -> Any:
+    """UBDSA CAIL categorical term (Sopaoglu & Abul, JIIS 2020, as Lee et al. 2023 describe it): leaves(gen) / |A_a|
+    when the value is generalized (the released node is not a leaf), 0 when it stays a leaf.
+
+    ``leaves`` and ``generalized`` (bool): scalars or arrays of one shape; float64, or Fractions when ``exact``.
+    """
+    m = int(n_leaves)
+    if exact:
+        if np.ndim(leaves) == 0:
+            return Fraction(int(leaves), m) if generalized else Fraction(0)
+        out = np.empty(np.shape(leaves), dtype=object)
+        out.ravel()[:] = [Fraction(int(c), m) if g else Fraction(0)
+                          for c, g in zip(np.ravel(leaves), np.ravel(generalized), strict=True)]
+        return out
+    terms = np.asarray(leaves, dtype=np.int64).astype(float) / max(m, 1)
+    terms[~np.asarray(generalized, dtype=bool)] = 0.0
+    return terms
+
+
+def _generalized_nodes(hierarchy: Hierarchy) -> np.ndarray:
+    """Per node id: True for an inner node (node ids < M are the leaves, see :mod:`stream_anon.core.hierarchy`)."""
+    return np.arange(len(hierarchy.node_labels)) >= hierarchy.n_leaves
+
+
+def lm_node_losses(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
+    """:func:`lm_categorical_loss` of every node of ``hierarchy`` (indexed by node id)."""
+    return np.asarray(lm_categorical_loss(hierarchy.node_leaf_counts(), hierarchy.n_leaves, exact=exact))
+
+
+def cail_node_losses(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
+    """:func:`cail_categorical_loss_of` of every node of ``hierarchy`` (indexed by node id)."""
+    return np.asarray(cail_categorical_loss_of(hierarchy.node_leaf_counts(), hierarchy.n_leaves,
+                                               _generalized_nodes(hierarchy), exact=exact))
+
+
+def gt_loss_table(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
+    """``(M, M)``: the LM / Goldberger–Tassa l_a of the LCA of leaves (i, j), i.e. of the closure of any set of
+    leaves with min i and max j: (leaves(LCA(i, j)) - 1) / (M - 1)."""
+    return lm_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+
+
+def cail_table(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
+    """``(M, M)``: the CAIL term of LCA(i, j): leaves(LCA)/M when the LCA is an inner node, 0 when it is a leaf."""
+    return cail_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+
+
 # ============================================================================ per-attribute losses (exact)
 def numeric_attribute_loss(vmin: float | Fraction, vmax: float | Fraction, domain_lo: float | Fraction,
                            domain_hi: float | Fraction) -> Fraction:
     """Numeric l_a = (max - min) / (hi - lo) over the public domain [lo, hi] (LM, Iyengar KDD 2002), exact."""
-    width = Fraction(domain_hi) - Fraction(domain_lo)
-    if width <= 0:
-        raise ValueError(f"numeric domain: need hi > lo, got [{domain_lo}, {domain_hi}]")
+    inverse_width = numeric_inverse_width(domain_lo, domain_hi, exact=True)
     if vmax < vmin:
         raise ValueError(f"numeric generalization: min {vmin!r} exceeds max {vmax!r}")
-    return (Fraction(vmax) - Fraction(vmin)) / width
+    return numeric_range_loss(Fraction(vmin), Fraction(vmax), inverse_width)
+
+
+def _lca(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> int:
+    lo, hi = sorted((int(min_leaf), int(max_leaf)))
+    return int(hierarchy.lca[lo, hi])
 
 
 def categorical_attribute_loss(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> Fraction:
     """Categorical l_a = (leaves(LCA) - 1) / (M - 1) (LM, Iyengar KDD 2002; Goldberger & Tassa 2010), exact."""
-    m = hierarchy.n_leaves
-    if m <= 1:
-        return Fraction(0)
-    lo, hi = sorted((int(min_leaf), int(max_leaf)))
-    return Fraction(hierarchy.leaf_count(int(hierarchy.lca[lo, hi])) - 1, m - 1)
+    node = _lca(hierarchy, min_leaf, max_leaf)
+    return lm_categorical_loss(hierarchy.leaf_count(node), hierarchy.n_leaves, exact=True)
 
 
 def cail_categorical_loss(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> Fraction:
     """UBDSA CAIL categorical term: leaves(LCA) / |A_a| when generalized, 0 when the value stays a leaf."""
-    lo, hi = sorted((int(min_leaf), int(max_leaf)))
-    node = int(hierarchy.lca[lo, hi])
-    if node < hierarchy.n_leaves:  # node ids < M are leaves
-        return Fraction(0)
-    return Fraction(hierarchy.leaf_count(node), hierarchy.n_leaves)
+    node = _lca(hierarchy, min_leaf, max_leaf)
+    return cail_categorical_loss_of(hierarchy.leaf_count(node), hierarchy.n_leaves,
+                                    node >= hierarchy.n_leaves, exact=True)
 
 
 def _attr_loss(a: Attribute, bound: tuple[Any, Any], cail: bool) -> Fraction:
@@ -211,47 +310,24 @@ def cail_record_loss(schema: Schema, bounds: Bounds) -> Fraction:
 
 
 # ============================================================================ vectorized per-class matrices
-def gt_loss_table_exact(hierarchy: Hierarchy) -> np.ndarray:
-    """``(M, M)`` object array of Fractions: (leaves(LCA(i, j)) - 1) / (M - 1)."""
-    m = hierarchy.n_leaves
-    counts = hierarchy.node_leaf_counts()[hierarchy.lca]
-    out = np.empty((m, m), dtype=object)
-    for i in range(m):
-        out[i, :] = [Fraction(int(c) - 1, m - 1) if m > 1 else Fraction(0) for c in counts[i]]
-    return out
-
-
-def cail_table_exact(hierarchy: Hierarchy) -> np.ndarray:
-    """``(M, M)`` object array of Fractions: leaves(LCA)/M for an inner LCA, 0 for a leaf."""
-    m = hierarchy.n_leaves
-    counts = hierarchy.node_leaf_counts()[hierarchy.lca]
-    out = np.empty((m, m), dtype=object)
-    for i in range(m):
-        out[i, :] = [Fraction(int(c), m) if int(node) >= m else Fraction(0)
-                     for c, node in zip(counts[i], hierarchy.lca[i], strict=True)]
-    return out
-
-
 def _loss_matrix(schema: Schema, arrays: ClassArrays, *, exact: bool, cail: bool) -> np.ndarray:
     nq, cq = schema.numeric_qis, schema.categorical_qis
     n, jn = arrays.n_classes, len(nq)
     out = np.empty((n, jn + len(cq)), dtype=object if exact else np.float64)
     for j, a in enumerate(nq):
-        lo, hi = a.lo, a.hi
-        assert lo is not None and hi is not None
+        assert a.lo is not None and a.hi is not None
+        inverse_width = numeric_inverse_width(a.lo, a.hi, exact=exact)
         if exact:
-            width = Fraction(hi) - Fraction(lo)
-            out[:, j] = [(Fraction(b) - Fraction(s)) / width for s, b in zip(arrays.num_min[:, j], arrays.num_max[:, j],
-                                                                          strict=True)]
+            vmin = np.array([Fraction(v) for v in arrays.num_min[:, j]], dtype=object)
+            vmax = np.array([Fraction(v) for v in arrays.num_max[:, j]], dtype=object)
+            out[:, j] = numeric_range_loss(vmin, vmax, inverse_width)
         else:
-            out[:, j] = (arrays.num_max[:, j].astype(np.float64) - arrays.num_min[:, j].astype(np.float64)) / (hi - lo)
+            out[:, j] = numeric_range_loss(arrays.num_min[:, j].astype(np.float64),
+                                           arrays.num_max[:, j].astype(np.float64), inverse_width)
     for j, a in enumerate(cq):
         h = a.hierarchy
         assert h is not None
-        if exact:
-            table = cail_table_exact(h) if cail else gt_loss_table_exact(h)
-        else:
-            table = h.cail_table() if cail else h.gt_loss_table()
+        table = cail_table(h, exact=exact) if cail else gt_loss_table(h, exact=exact)
         lo_idx = np.minimum(arrays.cat_min[:, j], arrays.cat_max[:, j])
         hi_idx = np.maximum(arrays.cat_min[:, j], arrays.cat_max[:, j])
         out[:, jn + j] = table[lo_idx, hi_idx]
@@ -297,13 +373,19 @@ def goldberger_tassa_loss(records: np.ndarray, loss_matrix: np.ndarray, suppress
     ``suppressed``: S; N = sum(records) + S.  Exact (Fraction) when ``loss_matrix`` is an object array.
     """
     released, sums, exact = _weighted_column_sums(records, loss_matrix)
-    n_total = released + int(suppressed)
-    if n_total == 0:
-        return _zero(exact)
     j = loss_matrix.shape[1]
     if exact:
-        return (sum(sums, Fraction(0)) / j + int(suppressed)) / n_total
-    return float((float(sums.sum()) / j + suppressed) / n_total)
+        return goldberger_tassa_from_totals(sum(sums, Fraction(0)) / j, released, int(suppressed))
+    return float(goldberger_tassa_from_totals(float(sums.sum()) / j, released, int(suppressed)))
+
+
+def goldberger_tassa_from_totals(weighted_loss: Number, released: int, suppressed: int) -> Number:
+    """Goldberger–Tassa loss from running totals (what a streaming release keeps): GT = (W + S) / N with
+    W = sum_C |C| InfoLoss(C) (InfoLoss = mean over QIs of l_a), N = released + S; 0 when N = 0."""
+    n_total = int(released) + int(suppressed)
+    if n_total == 0:
+        return _zero(isinstance(weighted_loss, Fraction))
+    return (weighted_loss + int(suppressed)) / n_total
 
 
 def iyengar_lm_loss_per_attribute(records: np.ndarray, loss_matrix: np.ndarray, suppressed: int = 0) -> list[Number]:

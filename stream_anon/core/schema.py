@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 from stream_anon.core.hierarchy import Hierarchy
+from stream_anon.core.validation import is_number
 
 
 class Role(StrEnum):
@@ -92,7 +93,7 @@ class Attribute:
     def check(self, value: Any) -> Any:
         """Return the value normalized to the attribute's type or raise SchemaError."""
         if self.kind is Kind.NUMERIC:
-            if isinstance(value, bool) or not isinstance(value, int | float | str):
+            if not (is_number(value) or isinstance(value, str)):
                 raise SchemaError(
                     f"field {self.name!r}: expected {self.describe_domain()}, got {type(value).__name__} {value!r}",
                     field=self.name, allowed=self.describe_domain(), value=value,

@@ -42,6 +42,7 @@ import pandas as pd
 
 from stream_anon.core.intervals import parse_interval
 from stream_anon.core.schema import Attribute, Kind, Schema
+from stream_anon.core.validation import raising, require_int
 
 __all__ = ["VerificationReport", "ReleaseRoles", "RolesError", "verify_release_frame", "verify_release_file",
            "read_release", "resolve_roles", "meta_path", "read_release_meta", "write_release_meta",
@@ -51,6 +52,7 @@ RELEASE_META_SUFFIX = ".meta.json"
 RELEASE_META_FORMAT = "stream-anon release"
 RELEASE_META_VERSION = 1
 MAX_MESSAGES_PER_CHECK = 20
+_VERIFY_ERROR = raising(ValueError, prefix="verify")
 
 
 @dataclass
@@ -306,10 +308,9 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
     ``original`` (the input records, id column ``original_id``, default ``schema.record_id`` or ``"id"``)
     enables the coverage check and needs ``schema`` and record ids.
     """
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise ValueError(f"verify: k must be an integer >= 1, got {k!r}")
-    if l is not None and (isinstance(l, bool) or not isinstance(l, int | np.integer) or l < 1):
-        raise ValueError(f"verify: l must be an integer >= 1, got {l!r}")
+    require_int("k", k, low=1, error=_VERIFY_ERROR)
+    if l is not None:
+        require_int("l", l, low=1, error=_VERIFY_ERROR)
     if l is not None and sensitive is None:
         raise ValueError("verify: l-diversity needs the sensitive column (sensitive=None given)")
     if original is not None and schema is None:

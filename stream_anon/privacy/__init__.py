@@ -3,7 +3,10 @@
 Categorical: :class:`KRandomizedResponse`, :class:`RandomSubstitution` (FRAPP),
 :class:`LExtendedSubstitution`, with :class:`FrequencyEstimate` results.
 Numeric: :class:`BoundedLaplace` (exact eps on a public grid), :class:`DiscretizedBoundedLaplace`,
+:class:`UnsafeFloatBoundedLaplace` (the binary64 sampler, for comparisons: ``exact_epsilon`` is inf),
 :class:`QuadTreeKMeans`, :func:`nicv`, :func:`select_epsilon`.
+Every mechanism answers ``exact_epsilon`` and ``domain`` (:class:`PrivacyMechanism`; local randomisers are
+:class:`LocalMechanism`).
 Accounting: :func:`exact_epsilon` / :func:`record_epsilon` (what a configured mechanism really spends),
 :class:`BudgetAccountant`, :class:`WindowedBudget` (persistable with ``to_dict``/``from_dict``),
 :class:`PersonBudgetSketch` (per-person cap in bounded memory), :func:`split_budget`,
@@ -22,7 +25,11 @@ from stream_anon.privacy.base import (
     secure_rng,
     seeded_crypto_rng,
 )
-from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
+from stream_anon.privacy.bounded_laplace import (
+    BoundedLaplace,
+    DiscretizedBoundedLaplace,
+    UnsafeFloatBoundedLaplace,
+)
 from stream_anon.privacy.budget import (
     BudgetAccountant,
     BudgetExhaustedError,
@@ -36,6 +43,7 @@ from stream_anon.privacy.dp_kmeans import QuadTreeKMeans, nicv, window_epsilon
 from stream_anon.privacy.epsilon_selection import select_epsilon
 from stream_anon.privacy.exact import IntegerTable
 from stream_anon.privacy.frequency import FrequencyEstimate
+from stream_anon.privacy.mechanism import LocalMechanism, PrivacyMechanism
 from stream_anon.privacy.person_budget import PersonBudgetSketch
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 from stream_anon.privacy.substitution import (
@@ -57,10 +65,13 @@ __all__ = [
     "IntegerTable",
     "KRandomizedResponse",
     "LExtendedSubstitution",
+    "LocalMechanism",
     "PersonBudgetSketch",
+    "PrivacyMechanism",
     "PrivacyParameterError",
     "QuadTreeKMeans",
     "RandomSubstitution",
+    "UnsafeFloatBoundedLaplace",
     "WindowedBudget",
     "crypto_rng",
     "exact_epsilon",

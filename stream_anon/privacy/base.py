@@ -8,16 +8,21 @@ a reproducible ChaCha20 stream from an int seed in tests and benchmarks (:func:`
 
 from __future__ import annotations
 
-import math
 import secrets
 from typing import Any
 
 import numpy as np
 from randomgen import ChaCha
 
+from stream_anon.core.validation import ErrorFactory, is_int, raising, require_float, require_int
+
 
 class PrivacyParameterError(ValueError):
     """A mechanism parameter is out of range; the message names parameter, range and value."""
+
+
+parameter_error: ErrorFactory = raising(PrivacyParameterError)
+"""Raises :class:`PrivacyParameterError` with the standard line (``<name>: must be <allowed>, got <value>``)."""
 
 
 CRYPTOGRAPHIC_BIT_GENERATORS: tuple[str, ...] = ("ChaCha", "AESCounter")
@@ -41,7 +46,7 @@ def crypto_rng(rng: np.random.Generator | int | None = None) -> np.random.Genera
         return rng
     if rng is None:
         return np.random.Generator(ChaCha(key=secrets.randbits(256), counter=0, rounds=20))
-    if isinstance(rng, int | np.integer) and not isinstance(rng, bool):
+    if is_int(rng):
         return seeded_crypto_rng(int(rng))
     raise PrivacyParameterError(f"rng: expected numpy.random.Generator, int seed or None, got {type(rng).__name__}")
 
@@ -51,9 +56,7 @@ def seeded_crypto_rng(seed: int) -> np.random.Generator:
 
     The stream is as good as ChaCha20's, but whoever knows the seed can reproduce every noise draw.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or int(seed) < 0:
-        raise PrivacyParameterError(f"seed: expected a non-negative integer, got {seed!r}")
-    return np.random.Generator(ChaCha(seed=int(seed), rounds=20))
+    return np.random.Generator(ChaCha(seed=require_int("seed", seed, low=0, error=parameter_error), rounds=20))
 
 
 def is_cryptographic(rng: np.random.Generator) -> bool:
@@ -66,31 +69,6 @@ secure_rng = crypto_rng
 
 
 def check_epsilon(epsilon: Any, name: str = "epsilon", *, allow_inf: bool = False) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float | np.floating | np.integer):
-        raise PrivacyParameterError(f"{name}: expected a positive number, got {type(epsilon).__name__} {epsilon!r}")
-    e = float(epsilon)
-    if not (e > 0) or (math.isinf(e) and not allow_inf) or math.isnan(e):
-        raise PrivacyParameterError(f"{name}: must be in (0, inf), got {epsilon!r}")
-    return e
-
-
-def check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise PrivacyParameterError(f"{name}: expected an integer in [{lo}, {hi if hi is not None else 'inf'}], "
-                                    f"got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < lo or (hi is not None and v > hi):
-        raise PrivacyParameterError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
-    return v
-
-
-def check_probability(value: Any, name: str, *, open_low: bool = False, open_high: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
-        raise PrivacyParameterError(f"{name}: expected a number in [0, 1], got {type(value).__name__} {value!r}")
-    v = float(value)
-    lo_ok = v > 0 if open_low else v >= 0
-    hi_ok = v < 1 if open_high else v <= 1
-    if not (lo_ok and hi_ok):
-        raise PrivacyParameterError(f"{name}: must be in {'(' if open_low else '['}0, 1{')' if open_high else ']'}, "
-                                    f"got {value!r}")
-    return v
+    """A privacy budget: a number in (0, inf) (``allow_inf``: (0, inf])."""
+    return require_float(name, epsilon, low=0.0, low_open=True, finite=not allow_inf,
+                         allowed=f"a number in (0, inf{']' if allow_inf else ')'}", error=parameter_error)

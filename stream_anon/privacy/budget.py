@@ -26,7 +26,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon
+from stream_anon.core.validation import ErrorFactory, is_int, raising, require_float, require_int
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, parameter_error
 
 RELATIVE_TOLERANCE = 1e-9
 
@@ -34,6 +35,9 @@ RELATIVE_TOLERANCE = 1e-9
 class BudgetStateError(ValueError):
     """A persisted budget state cannot be read; the message names the field, what was expected and the value."""
 
+
+STATE_ERROR: ErrorFactory = raising(BudgetStateError, prefix="budget state")
+"""``budget state: <field> must be <allowed>, got <value>`` as a :class:`BudgetStateError`."""
 
 STATE_VERSION = 1
 
@@ -76,8 +80,7 @@ class BudgetAccountant:
 
     def __init__(self, *, total_epsilon: float, max_history: int = 10_000):
         self.total_epsilon = check_epsilon(total_epsilon, "total_epsilon")
-        if isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1:
-            raise PrivacyParameterError(f"max_history: expected an integer >= 1, got {max_history!r}")
+        max_history = require_int("max_history", max_history, low=1, error=parameter_error)
         self._spent = 0.0
         self._compensation = 0.0
         self.n_spends = 0
@@ -181,18 +184,19 @@ def _expect_kind(state: Any, kind: str) -> None:
 
 
 def _state_number(state: Mapping[str, Any], key: str, *, positive: bool = False) -> float:
-    v = state.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (positive and v <= 0):
-        raise BudgetStateError(f"budget state: {key} must be a finite{' positive' if positive else ''} number, "
-                               f"got {v!r}")
-    return float(v)
+    if positive:
+        return require_float(key, state.get(key), low=0.0, low_open=True, allowed="a finite positive number",
+                             error=STATE_ERROR)
+    return require_float(key, state.get(key), error=STATE_ERROR)
 
 
 def _state_int(state: Mapping[str, Any], key: str, *, minimum: int = 0) -> int:
-    v = state.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise BudgetStateError(f"budget state: {key} must be an integer >= {minimum}, got {v!r}")
-    return v
+    return require_int(key, state.get(key), low=minimum, error=STATE_ERROR)
+
+
+def _is_window_key(window: Any) -> bool:
+    """A window key that can be persisted: None, an int or a str."""
+    return window is None or is_int(window) or isinstance(window, str)
 
 
 def sequential_composition(epsilons: Iterable[float] | Mapping[Any, float]) -> float:
@@ -209,12 +213,11 @@ def split_budget(total: float, weights: Sequence[float] | Mapping[Any, float]) -
     """
     tot = check_epsilon(total, "total")
     keys = list(weights.keys()) if isinstance(weights, Mapping) else None
-    ws = [float(w) for w in (weights.values() if isinstance(weights, Mapping) else weights)]
+    ws = [require_float("weights", w, low=0.0, low_open=True, allowed="positive finite numbers (each weight)",
+                        error=parameter_error)
+          for w in (weights.values() if isinstance(weights, Mapping) else weights)]
     if not ws:
         raise PrivacyParameterError("weights: need at least one weight")
-    for w in ws:
-        if not (w > 0) or math.isinf(w):
-            raise PrivacyParameterError(f"weights: each weight must be in (0, inf), got {w!r}")
     s = math.fsum(ws)
     parts = [tot * w / s for w in ws]
     assert abs(math.fsum(parts) - tot) <= _tolerance(tot)
@@ -290,10 +293,12 @@ class WindowedBudget:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable state (the window key must itself be JSON-serializable: int or str)."""
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int | str)):
-            raise BudgetStateError(f"window: only int or str window keys can be persisted, got {self.window!r}")
+        window: Any = self.window
+        if not _is_window_key(window):
+            raise BudgetStateError(f"window: only int or str window keys can be persisted, got {window!r}")
+        window = int(window) if is_int(window) else window
         return {"kind": "WindowedBudget", "version": STATE_VERSION, "epsilon_per_window": self.epsilon_per_window,
-                "window": self.window, "windows_seen": self.windows_seen,
+                "window": window, "windows_seen": self.windows_seen,
                 "current": self._accountant.to_dict()}
 
     @classmethod
@@ -301,8 +306,8 @@ class WindowedBudget:
         _expect_kind(state, "WindowedBudget")
         per_window = _state_number(state, "epsilon_per_window", positive=True)
         window = state.get("window")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int | str)):
-            raise BudgetStateError(f"budget state: window must be null, an int or a str, got {window!r}")
+        if not _is_window_key(window):
+            raise STATE_ERROR("window", "null, an int or a str", window)
         wb = cls(epsilon_per_window=per_window)
         wb.window = window
         wb.windows_seen = _state_int(state, "windows_seen")

@@ -28,7 +28,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError
+from stream_anon.core.validation import is_number
+from stream_anon.privacy.base import PrivacyParameterError, parameter_error
 
 __all__ = [
     "SCALE_DENOMINATOR_BITS",
@@ -53,11 +54,11 @@ def fraction_upper(value: Fraction) -> float:
 
 def rational_scale(scale: float) -> Fraction:
     """``scale`` rounded UP to a multiple of 2^-20 (so the exact eps of the rational is <= that of ``scale``)."""
-    if isinstance(scale, bool) or not isinstance(scale, int | float | Fraction | np.floating | np.integer):
-        raise PrivacyParameterError(f"scale: expected a positive number, got {type(scale).__name__} {scale!r}")
+    if not (isinstance(scale, Fraction) or (is_number(scale) and math.isfinite(scale))):
+        raise parameter_error("scale", "a number in (0, 2^30]", scale)
     fr = Fraction(scale)
     if not fr > 0 or fr > 2 ** 30:
-        raise PrivacyParameterError(f"scale: must be in (0, 2^30], got {scale!r}")
+        raise parameter_error("scale", "a number in (0, 2^30]", scale)
     den = 1 << SCALE_DENOMINATOR_BITS
     return Fraction(math.ceil(fr * den), den)
 

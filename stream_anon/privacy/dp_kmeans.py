@@ -44,11 +44,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from stream_anon.core.validation import require_choice, require_float, require_int
 from stream_anon.privacy.base import (
     PrivacyParameterError,
     check_epsilon,
-    check_int,
     crypto_rng,
+    parameter_error,
 )
 from stream_anon.privacy.discrete_laplace import (
     discrete_laplace_epsilon,
@@ -56,6 +57,7 @@ from stream_anon.privacy.discrete_laplace import (
     rational_scale,
     sample_discrete_laplace,
 )
+from stream_anon.privacy.mechanism import BoxDomain
 
 __all__ = [
     "NEIGHBOURING",
@@ -74,6 +76,7 @@ __all__ = [
 Variant = Literal["quad", "uniquad"]
 Neighbouring = Literal["replace", "add_remove"]
 NEIGHBOURING: tuple[str, ...] = ("replace", "add_remove")
+VARIANTS: tuple[str, ...] = ("quad", "uniquad")
 
 
 # ------------------------------------------------------------------------------------------ accounting
@@ -102,8 +105,7 @@ def window_epsilon(noise: QuadTreeNoise, neighbouring: Neighbouring) -> tuple[Fr
     A level without noise (the root under ``"replace"``) must have sensitivity 0 under the relation, else
     eps is infinite (raises).
     """
-    if neighbouring not in NEIGHBOURING:
-        raise PrivacyParameterError(f"neighbouring: must be one of {NEIGHBOURING}, got {neighbouring!r}")
+    require_choice("neighbouring", neighbouring, NEIGHBOURING, error=parameter_error)
     sens_root, sens = (0, 2) if neighbouring == "replace" else (1, 1)
     tree = Fraction(0)
     for level in range(noise.max_depth):
@@ -187,14 +189,14 @@ def weighted_kmeans(points: Any, weights: Any, n_clusters: int, *, rng: np.rando
     gen = crypto_rng(rng)
     pts = np.asarray(points, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
-    k = check_int(n_clusters, "n_clusters", 1)
+    k = require_int("n_clusters", n_clusters, low=1, error=parameter_error)
     keep = w > 0
     pts, w = pts[keep], w[keep]
     if pts.shape[0] < k:
         raise PrivacyParameterError(f"weighted_kmeans: need at least n_clusters={k} points with positive weight, "
                                     f"got {pts.shape[0]}")
     best: tuple[np.ndarray, float] | None = None
-    for _ in range(check_int(n_init, "n_init", 1)):
+    for _ in range(require_int("n_init", n_init, low=1, error=parameter_error)):
         centers = kmeans_plusplus(pts, w, k, gen)
         for _ in range(max_iter):
             labels = _sq_dist(pts, centers).argmin(axis=1)
@@ -332,17 +334,13 @@ class QuadTreeKMeans:
         max_iter: int = 100,
         rng: np.random.Generator | int | None = None,
     ) -> None:
-        self.n_clusters = check_int(n_clusters, "n_clusters", 1)
+        self.n_clusters = require_int("n_clusters", n_clusters, low=1, error=parameter_error)
         self.target_epsilon = check_epsilon(epsilon)
-        if neighbouring not in NEIGHBOURING:
-            raise PrivacyParameterError(f"neighbouring: must be one of {NEIGHBOURING}, got {neighbouring!r}")
-        self.neighbouring: Neighbouring = neighbouring
-        if isinstance(gamma, bool) or not isinstance(gamma, int | float | np.floating) or not 0.0 < gamma < 1.0:
-            raise PrivacyParameterError(f"gamma: must be in (0, 1), got {gamma!r}")
-        self.gamma = float(gamma)
-        if variant not in ("quad", "uniquad"):
-            raise PrivacyParameterError(f"variant: must be 'quad' or 'uniquad', got {variant!r}")
-        self.variant: Variant = variant
+        self.neighbouring: Neighbouring = require_choice("neighbouring", neighbouring, NEIGHBOURING,
+                                                         error=parameter_error)
+        self.gamma = require_float("gamma", gamma, low=0.0, high=1.0, low_open=True, high_open=True,
+                                   error=parameter_error)
+        self.variant: Variant = require_choice("variant", variant, VARIANTS, error=parameter_error)
         try:
             lo = np.atleast_1d(np.asarray(bounds[0], dtype=np.float64))
             hi = np.atleast_1d(np.asarray(bounds[1], dtype=np.float64))
@@ -352,17 +350,13 @@ class QuadTreeKMeans:
                 or not np.all(hi > lo):
             raise PrivacyParameterError(f"bounds: need finite lower < upper of equal length, got {bounds!r}")
         self.lower, self.upper = lo, hi
-        self.max_depth = None if max_depth is None else check_int(max_depth, "max_depth", 1, 62)
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int | float)
-                                      or not math.isfinite(threshold)):
-            raise PrivacyParameterError(f"threshold: expected a finite number, got {threshold!r}")
-        self.threshold = threshold
-        self.samples_per_leaf = check_int(samples_per_leaf, "samples_per_leaf", 1)
-        if out_of_bounds not in ("error", "clip"):
-            raise PrivacyParameterError(f"out_of_bounds: must be 'error' or 'clip', got {out_of_bounds!r}")
-        self.out_of_bounds = out_of_bounds
-        self.n_init = check_int(n_init, "n_init", 1)
-        self.max_iter = check_int(max_iter, "max_iter", 1)
+        self.max_depth = None if max_depth is None else require_int("max_depth", max_depth, low=1, high=62,
+                                                                    error=parameter_error)
+        self.threshold = None if threshold is None else require_float("threshold", threshold, error=parameter_error)
+        self.samples_per_leaf = require_int("samples_per_leaf", samples_per_leaf, low=1, error=parameter_error)
+        self.out_of_bounds = require_choice("out_of_bounds", out_of_bounds, ("error", "clip"), error=parameter_error)
+        self.n_init = require_int("n_init", n_init, low=1, error=parameter_error)
+        self.max_iter = require_int("max_iter", max_iter, low=1, error=parameter_error)
         self.rng = crypto_rng(rng)
         self.target_epsilon_tree = self.gamma * self.target_epsilon
         self.target_epsilon_counts = self.target_epsilon - self.target_epsilon_tree
@@ -376,6 +370,17 @@ class QuadTreeKMeans:
     def __repr__(self) -> str:
         return (f"QuadTreeKMeans(n_clusters={self.n_clusters}, epsilon={self.epsilon!r}, gamma={self.gamma}, "
                 f"variant={self.variant!r}, neighbouring={self.neighbouring!r})")
+
+    @property
+    def exact_epsilon(self) -> float:
+        """eps of one window (one fit) under ``neighbouring``, from the sampled noise scales: the exact rational
+        tree + leaf-count eps rounded up (the same value as ``epsilon``)."""
+        return fraction_upper(self.epsilon_tree_exact + self.epsilon_counts_exact)
+
+    @property
+    def domain(self) -> BoxDomain:
+        """The public box (``bounds``; with scalar bounds, one dimension until ``fit`` sees X)."""
+        return BoxDomain(tuple(float(v) for v in self.lower), tuple(float(v) for v in self.upper))
 
     def _depth(self, d: int) -> int:
         return self.max_depth if self.max_depth is not None else max(1, 12 // d)

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
+from stream_anon.core.validation import require_choice, require_float, require_int
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng, parameter_error
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.randomized_response import KRandomizedResponse
 
@@ -82,10 +83,7 @@ def _grid(grid: Sequence[float]) -> np.ndarray:
 
 
 def _check_target(target: Any) -> float:
-    if isinstance(target, bool) or not isinstance(target, int | float | np.floating) or not math.isfinite(target) \
-            or target < 0:
-        raise PrivacyParameterError(f"target: expected a finite number >= 0, got {target!r}")
-    return float(target)
+    return require_float("target", target, low=0.0, error=parameter_error)
 
 
 def _curve(metric: str, target: float, higher: bool, eps: np.ndarray, per_run: np.ndarray) -> EpsilonCurve:
@@ -111,11 +109,10 @@ def select_epsilon_numeric(
     x = np.asarray(values, dtype=np.float64).ravel()
     if x.size < 2:
         raise PrivacyParameterError(f"values: need at least 2 values, got {x.size}")
-    if metric not in ("mae", "mse", "mean"):
-        raise PrivacyParameterError(f"metric: must be 'mae', 'mse' or 'mean', got {metric!r}")
+    require_choice("metric", metric, ("mae", "mse", "mean"), error=parameter_error)
     tgt = _check_target(target)
     eps = _grid(grid)
-    n_runs = check_int(runs, "runs", 1)
+    n_runs = require_int("runs", runs, low=1, error=parameter_error)
     gen = crypto_rng(rng)
     true_mean = float(x.mean())
     out = np.empty((eps.size, n_runs))
@@ -140,13 +137,12 @@ def select_epsilon_categorical(
     vals = np.asarray(values, dtype=object).ravel()
     if vals.size < 1:
         raise PrivacyParameterError("values: empty")
-    if mechanism not in ("blap", "krr"):
-        raise PrivacyParameterError(f"mechanism: must be 'blap' or 'krr', got {mechanism!r}")
+    require_choice("mechanism", mechanism, ("blap", "krr"), error=parameter_error)
     tgt = _check_target(target)
     if tgt > 1:
         raise PrivacyParameterError(f"target: a misclassification rate must be in [0, 1], got {target!r}")
     eps = _grid(grid)
-    n_runs = check_int(runs, "runs", 1)
+    n_runs = require_int("runs", runs, low=1, error=parameter_error)
     gen = crypto_rng(rng)
     out = np.empty((eps.size, n_runs))
     for i, e in enumerate(eps):
@@ -205,13 +201,12 @@ def select_epsilon_classifier(
     lo = np.broadcast_to(np.asarray(lower, dtype=np.float64), (x.shape[1],))
     hi = np.broadcast_to(np.asarray(upper, dtype=np.float64), (x.shape[1],))
     ints = np.broadcast_to(np.asarray(integer, dtype=bool), (x.shape[1],))
-    if score not in ("accuracy", "balanced_accuracy"):
-        raise PrivacyParameterError(f"score: must be 'accuracy' or 'balanced_accuracy', got {score!r}")
-    if not 0.0 < test_fraction < 1.0:
-        raise PrivacyParameterError(f"test_fraction: must be in (0, 1), got {test_fraction!r}")
+    require_choice("score", score, ("accuracy", "balanced_accuracy"), error=parameter_error)
+    require_float("test_fraction", test_fraction, low=0.0, high=1.0, low_open=True, high_open=True,
+                  error=parameter_error)
     tgt = _check_target(target)
     eps = _grid(grid)
-    n_runs = check_int(runs, "runs", 1)
+    n_runs = require_int("runs", runs, low=1, error=parameter_error)
     gen = crypto_rng(rng)
     balanced = score == "balanced_accuracy"
     factory = classifier or (lambda: _default_classifier(balanced))

@@ -29,7 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError
+from stream_anon.core.validation import require_int
+from stream_anon.privacy.base import PrivacyParameterError, parameter_error
 
 __all__ = [
     "LOG_MARGIN",
@@ -37,11 +38,16 @@ __all__ = [
     "integer_weights",
     "log_ratio_upper",
     "TABLE_BITS",
+    "UNIFORM_GRID_BITS",
     "max_ratio",
 ]
 
 LOG_MARGIN = 2.0 ** -40
 """Added to a double-precision ln(ratio) so the stated epsilon is an upper bound of the exact one."""
+
+UNIFORM_GRID_BITS = 53
+"""numpy's ``Generator.random()`` returns k * 2^-53 (the top 53 bits of one 64-bit word), for every bit generator:
+the exact epsilon of a sampler driven by ``random()`` is computed on that grid (k-RR, FRAPP)."""
 
 
 def log_ratio_upper(ratio: Fraction) -> float:
@@ -69,8 +75,7 @@ def integer_weights(probabilities: np.ndarray, bits: int) -> np.ndarray:
     p = np.asarray(probabilities, dtype=np.float64)
     if p.ndim != 2 or not np.all(np.isfinite(p)) or np.any(p < 0):
         raise PrivacyParameterError("probabilities: need a finite, non-negative 2-D array")
-    if not 1 <= bits <= 62:
-        raise PrivacyParameterError(f"bits: must be in [1, 62], got {bits}")
+    bits = require_int("bits", bits, low=1, high=62, error=parameter_error)
     p = p / p.sum(axis=1, keepdims=True)
     total = np.int64(1) << np.int64(bits)
     w = np.maximum(np.floor(p * float(total)).astype(np.int64), 1)
@@ -146,8 +151,7 @@ class IntegerTable:
 
     def __init__(self, weights: np.ndarray, bits: int) -> None:
         w = np.array(weights, dtype=np.int64)
-        if not 1 <= int(bits) <= 62:
-            raise PrivacyParameterError(f"bits: must be in [1, 62], got {bits}")
+        bits = require_int("bits", bits, low=1, high=62, error=parameter_error)
         if w.ndim != 2 or np.any(w < 1) or np.any(w.sum(axis=1) != (np.int64(1) << np.int64(bits))):
             raise PrivacyParameterError(f"weights: rows must sum to 2^{bits} with every entry >= 1")
         w.setflags(write=False)

@@ -41,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int
+from stream_anon.core.validation import is_int, require_float, require_int
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, parameter_error
 from stream_anon.privacy.budget import (
     RELATIVE_TOLERANCE,
+    STATE_ERROR,
     STATE_VERSION,
     BudgetExhaustedError,
     BudgetStateError,
@@ -54,15 +56,13 @@ __all__ = ["PersonBudgetSketch", "person_key_bytes"]
 
 def person_key_bytes(person_id: Any) -> bytes:
     """Canonical bytes of a person id (int, str or bytes; type-tagged so 7 and "7" differ)."""
-    if isinstance(person_id, bool) or person_id is None:
-        raise PrivacyParameterError(f"person_id: expected an int, str or bytes, got {person_id!r}")
-    if isinstance(person_id, int | np.integer):
+    if is_int(person_id):
         return b"i" + str(int(person_id)).encode()
     if isinstance(person_id, str):
         return b"s" + person_id.encode("utf-8")
     if isinstance(person_id, bytes):
         return b"b" + person_id
-    raise PrivacyParameterError(f"person_id: expected an int, str or bytes, got {type(person_id).__name__}")
+    raise parameter_error("person_id", "an int, a str or bytes", person_id)
 
 
 class PersonBudgetSketch:
@@ -75,8 +75,8 @@ class PersonBudgetSketch:
     def __init__(self, *, cap_epsilon: float, width: int = 1 << 18, depth: int = 4, key: bytes | None = None
                  ) -> None:
         self.cap_epsilon = check_epsilon(cap_epsilon, "cap_epsilon")
-        self.width = check_int(width, "width", 16, 1 << 30)
-        self.depth = check_int(depth, "depth", 1, 16)
+        self.width = require_int("width", width, low=16, high=1 << 30, error=parameter_error)
+        self.depth = require_int("depth", depth, low=1, high=16, error=parameter_error)
         if key is None:
             key = secrets.token_bytes(32)
         if not isinstance(key, bytes) or not 16 <= len(key) <= 64:
@@ -219,12 +219,6 @@ class PersonBudgetSketch:
                                    f"got {counters.size} values")
         sketch.counters = counters.reshape(depth, width).astype(np.float64)
         for name in ("n_spends", "n_refused"):
-            v = state.get(name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise BudgetStateError(f"budget state: {name} must be an integer >= 0, got {v!r}")
-            setattr(sketch, name, v)
-        ts = state.get("total_spent")
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
-            raise BudgetStateError(f"budget state: total_spent must be a finite number >= 0, got {ts!r}")
-        sketch.total_spent = float(ts)
+            setattr(sketch, name, require_int(name, state.get(name), low=0, error=STATE_ERROR))
+        sketch.total_spent = require_float("total_spent", state.get("total_spent"), low=0.0, error=STATE_ERROR)
         return sketch

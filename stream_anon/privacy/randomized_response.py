@@ -18,21 +18,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng
+from stream_anon.core.validation import require_choice
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng, parameter_error
+from stream_anon.privacy.exact import UNIFORM_GRID_BITS, log_ratio_upper
 from stream_anon.privacy.frequency import (
     CategoryCodec,
     FrequencyEstimate,
     SingleReportEstimator,
 )
+from stream_anon.privacy.mechanism import CategoricalDomain, LocalMechanism
 
 OutOfDomain = Literal["error", "random"]
 
 
-class KRandomizedResponse(SingleReportEstimator):
+def krr_sampling_ratio(p: float, k: int) -> Fraction:
+    """Exact worst likelihood ratio of k-RR as sampled: keep iff u < p on the 2^-53 grid, else one of the k - 1
+    others uniformly: ceil(p 2^53) (k - 1) / (2^53 - ceil(p 2^53)) (0 if the report is never randomized)."""
+    grid = 1 << UNIFORM_GRID_BITS
+    keep = math.ceil(Fraction(p) * grid)
+    return Fraction(0) if keep >= grid else Fraction(keep * (k - 1), grid - keep)
+
+
+def krr_sampling_epsilon(p: float, k: int) -> float:
+    """Exact eps of k-RR as sampled, rounded up (inf when p rounds to 1)."""
+    ratio = krr_sampling_ratio(p, k)
+    return math.inf if ratio == 0 else log_ratio_upper(ratio)
+
+
+class KRandomizedResponse(SingleReportEstimator, LocalMechanism):
     """k-RR over a fixed categorical domain (keyword-only, validated parameters; injected ``rng``).
 
     ``out_of_domain="error"`` (default) rejects a value outside ``categories`` with an error naming the
@@ -45,9 +63,8 @@ class KRandomizedResponse(SingleReportEstimator):
                  out_of_domain: OutOfDomain = "error", rng: np.random.Generator | int | None = None):
         self.epsilon = check_epsilon(epsilon)
         self._codec = CategoryCodec(categories)
-        if out_of_domain not in ("error", "random"):
-            raise PrivacyParameterError(f"out_of_domain: must be 'error' or 'random', got {out_of_domain!r}")
-        self.out_of_domain: OutOfDomain = out_of_domain
+        self.out_of_domain: OutOfDomain = require_choice("out_of_domain", out_of_domain, ("error", "random"),
+                                                         error=parameter_error)
         self.rng = crypto_rng(rng)
         k = self._codec.k
         # e^eps / (e^eps + k - 1) written to stay finite for large eps
@@ -87,11 +104,17 @@ class KRandomizedResponse(SingleReportEstimator):
         codes = self._encode_inputs(values)
         return self._codec.decode(self.randomise_codes(codes))
 
-    def randomise(self, value: Any) -> Any:
-        """Randomize one category label."""
-        arr = np.empty(1, dtype=object)
-        arr[0] = value
-        return self.randomise_many(arr)[0]
+    @property
+    def exact_epsilon(self) -> float:
+        """eps as sampled: the true value is kept iff ``rng.random() < p``; numpy's doubles are the 2^53 multiples
+        of 2^-53, so the keep probability is exactly ceil(p 2^53) / 2^53 and the k - 1 others share the rest
+        uniformly (exact integer draw): ln(ceil(p 2^53) (k - 1) / (2^53 - ceil(p 2^53))), rounded up
+        (:func:`krr_sampling_epsilon`).  The stated ``epsilon`` is the target it was built for."""
+        return krr_sampling_epsilon(self.p, self.k)
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     def _encode_inputs(self, values: Any) -> np.ndarray:
         if self.out_of_domain == "error":

@@ -37,17 +37,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from fractions import Fraction
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 
-from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, check_int, crypto_rng
+from stream_anon.core.validation import require_choice, require_float, require_int
+from stream_anon.privacy.base import PrivacyParameterError, check_epsilon, crypto_rng, parameter_error
+from stream_anon.privacy.exact import LOG_MARGIN, UNIFORM_GRID_BITS, log_ratio_upper
 from stream_anon.privacy.frequency import (
     CategoryCodec,
     FrequencyEstimate,
     SingleReportEstimator,
     counts_of_codes,
 )
+from stream_anon.privacy.mechanism import CategoricalDomain, LocalMechanism
 
 Variant = Literal["independent", "no-repeat"]
 VARIANTS: tuple[str, ...] = ("independent", "no-repeat")
@@ -55,18 +60,13 @@ VARIANTS: tuple[str, ...] = ("independent", "no-repeat")
 
 # --------------------------------------------------------------------------------------------- closed forms
 def _check_gamma(gamma: Any) -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float | np.floating | np.integer):
-        raise PrivacyParameterError(f"gamma: expected a number in (1, inf), got {type(gamma).__name__} {gamma!r}")
-    g = float(gamma)
-    if not (g > 1.0) or math.isinf(g) or math.isnan(g):
-        raise PrivacyParameterError(f"gamma: must be in (1, inf) (gamma = 1 reveals nothing and reconstructs "
-                                    f"nothing), got {gamma!r}")
-    return g
+    return require_float("gamma", gamma, low=1.0, low_open=True, error=parameter_error,
+                         allowed="in (1, inf) (gamma = 1 reveals nothing and reconstructs nothing)")
 
 
 def frapp_transition_matrix(n_values: int, gamma: float) -> np.ndarray:
     """``M = x G``, ``x = 1/(gamma+N-1)``; ``M[j, i] = P(report j | true i)`` (columns sum to 1)."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
     m = np.full((n_values, n_values), 1.0)
     np.fill_diagonal(m, g)
@@ -86,9 +86,9 @@ def no_repeat_inclusion_probabilities(n_values: int, gamma: float, n_reports: in
     Drawing without replacement with weights gamma (true) and 1 (others): the true value is missed iff
     each of the first l draws picks another value: ``prod_{j<l} (N-1-j)/(gamma+N-1-j)``.
     """
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values)
+    n_reports = require_int("l", n_reports, low=1, high=n_values, error=parameter_error)
     miss = 1.0
     for j in range(n_reports):
         miss *= (n_values - 1 - j) / (g + n_values - 1 - j)
@@ -99,9 +99,9 @@ def no_repeat_inclusion_probabilities(n_values: int, gamma: float, n_reports: in
 
 def no_repeat_set_ratio(n_values: int, gamma: float, n_reports: int) -> float:
     """Worst-case likelihood ratio of one shuffled output set: A/B (see module docstring)."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values - 1)
+    n_reports = require_int("l", n_reports, low=1, high=n_values - 1, error=parameter_error)
     w = g + n_values - 1
     total = 0.0
     for k in range(n_reports):
@@ -120,9 +120,9 @@ def no_repeat_epsilon(n_values: int, gamma: float, n_reports: int) -> float:
 def no_repeat_draw_order_epsilon(n_values: int, gamma: float, n_reports: int) -> float:
     """Exact eps if the l outputs were emitted in draw order (they are not):
     ``ln gamma + sum_{j=0}^{l-2} ln((gamma+N-2-j)/(N-1-j))``."""
-    n_values = check_int(n_values, "n_values", 2)
+    n_values = require_int("n_values", n_values, low=2, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values - 1)
+    n_reports = require_int("l", n_reports, low=1, high=n_values - 1, error=parameter_error)
     return math.log(g) + sum(math.log((g + n_values - 2 - j) / (n_values - 1 - j)) for j in range(n_reports - 1))
 
 
@@ -133,9 +133,9 @@ def enumerate_no_repeat_output_probabilities(n_values: int, gamma: float, n_repo
     Keys are draw sequences (``ordered=True``) or sorted tuples (the shuffled set).  Used to verify the
     closed forms above; cost ``N! / (N-l)!``.
     """
-    n_values = check_int(n_values, "n_values", 2, 12)
+    n_values = require_int("n_values", n_values, low=2, high=12, error=parameter_error)
     g = _check_gamma(gamma)
-    n_reports = check_int(n_reports, "l", 1, n_values)
+    n_reports = require_int("l", n_reports, low=1, high=n_values, error=parameter_error)
     out: dict[tuple[int, ...], float] = {}
     for seq in itertools.permutations(range(n_values), n_reports):
         prob = 1.0
@@ -164,9 +164,8 @@ def gamma_for_epsilon(n_values: int, epsilon: float, n_reports: int = 1, variant
     """The gamma whose exact eps equals ``epsilon`` (independent: ``e^(eps/l)``; no-repeat: bisection)."""
     eps = check_epsilon(epsilon)
     if variant == "independent":
-        return math.exp(eps / check_int(n_reports, "l", 1))
-    if variant != "no-repeat":
-        raise PrivacyParameterError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+        return math.exp(eps / require_int("l", n_reports, low=1, error=parameter_error))
+    require_choice("variant", variant, VARIANTS, error=parameter_error)
     lo, hi = 0.0, eps  # log gamma; eps(no-repeat) >= ln gamma, so ln gamma <= eps
     for _ in range(200):
         mid = 0.5 * (lo + hi)
@@ -193,7 +192,88 @@ def _frapp_draw(true_codes: np.ndarray, u: np.ndarray, n_values: int, gamma: flo
     return out
 
 
-class RandomSubstitution(SingleReportEstimator):
+# ------------------------------------------------------------------------------ exact eps as sampled (2^-53)
+def frapp_sampling_matrix(n_values: int, gamma: float) -> np.ndarray:
+    """Integer counts C[t, j] of the 2^53 uniforms u = m 2^-53 that FRAPP's sampler maps from t to j.
+
+    The map is non-decreasing in u, so the first m reaching report >= j is found by binary search (vectorized
+    over all (t, j)); C[t, j] = first(t, j + 1) - first(t, j).  Returned as Python ints in an object array.
+    """
+    grid = 1 << UNIFORM_GRID_BITS
+    t = np.repeat(np.arange(n_values, dtype=np.int64), n_values)
+    j = np.tile(np.arange(n_values, dtype=np.int64), n_values)
+    lo = np.zeros(t.size, dtype=np.int64)  # first m with draw(m) >= j lies in [lo, hi]
+    hi = np.full(t.size, grid, dtype=np.int64)
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        draw = _frapp_draw(t, np.minimum(mid, grid - 1).astype(np.float64) / grid, n_values, gamma)
+        reached = (draw >= j) & (mid < grid)
+        hi = np.where(reached, mid, hi)
+        lo = np.where(reached, lo, mid + 1)
+    first = lo.reshape(n_values, n_values).astype(object)
+    counts = np.empty((n_values, n_values), dtype=object)
+    for a in range(n_values):
+        for b in range(n_values):
+            end = first[a, b + 1] if b + 1 < n_values else grid
+            counts[a, b] = int(end) - int(first[a, b])
+    return counts
+
+
+def matrix_ratio(counts: np.ndarray) -> Fraction:
+    """max over j, t, t' of C[t, j] / C[t', j] for an integer matrix (0 = infinite: some entry is 0)."""
+    c = np.asarray(counts, dtype=object)
+    best = Fraction(1)
+    for j in range(c.shape[1]):
+        col = [int(v) for v in c[:, j]]
+        if min(col) == 0:
+            return Fraction(0)
+        best = max(best, Fraction(max(col), min(col)))
+    return best
+
+
+def frapp_sampling_ratio(n_values: int, gamma: float) -> Fraction:
+    """Exact worst likelihood ratio of one FRAPP draw as sampled (from :func:`frapp_sampling_matrix`)."""
+    return matrix_ratio(frapp_sampling_matrix(n_values, gamma))
+
+
+def frapp_sampling_epsilon(n_values: int, gamma: float) -> float:
+    """Exact eps of one FRAPP draw as sampled, rounded up (inf if some report is unreachable from some input)."""
+    ratio = frapp_sampling_ratio(n_values, gamma)
+    return math.inf if ratio == 0 else (0.0 if ratio == 1 else log_ratio_upper(ratio))
+
+
+def frapp_relative_deviation(n_values: int, gamma: float) -> float:
+    """max |P_float(j | t) / P_ideal(j | t) - 1| of one FRAPP draw (exact counts vs the ideal x, gamma x)."""
+    counts = frapp_sampling_matrix(n_values, gamma)
+    grid = Fraction(1 << UNIFORM_GRID_BITS)
+    g = Fraction(gamma)
+    x = 1 / (g + n_values - 1)
+    worst = Fraction(0)
+    for a in range(n_values):
+        for b in range(n_values):
+            ideal = g * x if a == b else x
+            worst = max(worst, abs(Fraction(int(counts[a, b])) / grid / ideal - 1))
+    return float(worst) * (1 + 1e-12)
+
+
+def no_repeat_epsilon_upper(n_values: int, gamma: float, n_reports: int) -> float:
+    """Upper bound of the eps of the no-repeat l-extended substitution as sampled: the closed form ln(A/B) of
+    the ideal probabilities plus a rigorous margin for the float deviation of each draw (at most delta
+    relative, :func:`frapp_relative_deviation`) and for the ties of the shuffle:
+    2 (l d/(1-d) + (l-1) d a/(1 - d a)) + 2 t/(1-t), d = delta/(1-delta), a = the largest rejected mass /
+    (1 - it), t = l! l(l-1)/2 2^-53 (plus ``LOG_MARGIN``)."""
+    delta = frapp_relative_deviation(n_values, gamma)
+    d = delta / (1.0 - delta)
+    x = 1.0 / (gamma + n_values - 1)
+    rejected = (gamma + n_reports - 2) * x  # largest mass already drawn before the last draw
+    a = rejected / (1.0 - rejected)
+    eta = n_reports * d / (1.0 - d) + (n_reports - 1) * d * a / (1.0 - d * a)
+    ties = math.factorial(n_reports) * n_reports * (n_reports - 1) / 2 * 2.0 ** -UNIFORM_GRID_BITS
+    shuffle = ties / (1.0 - ties)
+    return no_repeat_epsilon(n_values, gamma, n_reports) + 2.0 * eta + 2.0 * shuffle + LOG_MARGIN
+
+
+class RandomSubstitution(SingleReportEstimator, LocalMechanism):
     """FRAPP random substitution with the gamma-diagonal matrix (``gamma`` or ``epsilon = ln gamma``)."""
 
     def __init__(self, *, categories: Sequence[Any] | np.ndarray, gamma: float | None = None,
@@ -228,10 +308,17 @@ class RandomSubstitution(SingleReportEstimator):
         codes = self._codec.encode_strict(values, what="value")
         return self._codec.decode(self.randomise_codes(codes))
 
-    def randomise(self, value: Any) -> Any:
-        arr = np.empty(1, dtype=object)
-        arr[0] = value
-        return self.randomise_many(arr)[0]
+    @cached_property
+    def exact_epsilon(self) -> float:
+        """eps as sampled: the inverse-CDF map u -> report is monotone in u, so each transition probability is
+        (number of 2^-53-grid uniforms mapped to it) / 2^53, found exactly by binary search
+        (:func:`frapp_sampling_matrix`); the max log-ratio of that integer matrix, rounded up.  The stated
+        ``epsilon`` is ln gamma."""
+        return frapp_sampling_epsilon(self.k, self.gamma)
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     def variance(self, true_count: float | np.ndarray, n: int) -> float | np.ndarray:
         """``[n_i p(1-p) + (n - n_i) q(1-q)] / (p-q)^2`` with p = gamma x, q = x."""
@@ -262,7 +349,7 @@ class RandomSubstitution(SingleReportEstimator):
 
 
 
-class LExtendedSubstitution:
+class LExtendedSubstitution(LocalMechanism):
     """l-extended random substitution (Kang, Lee & Hong 2009): each record reported l times.
 
     ``randomise_many(values)`` returns an ``(n, l)`` array.  ``epsilon`` is exact: ``l ln gamma`` for
@@ -276,15 +363,14 @@ class LExtendedSubstitution:
                  variant: Variant = "independent", rng: np.random.Generator | int | None = None):
         self._codec = CategoryCodec(categories)
         self.gamma = _check_gamma(gamma)
-        if variant not in VARIANTS:
-            raise PrivacyParameterError(f"variant: must be one of {VARIANTS}, got {variant!r}")
-        self.variant: Variant = variant
+        self.variant: Variant = require_choice("variant", variant, VARIANTS, error=parameter_error)
         n_values = self._codec.k
         if variant == "no-repeat":
             # l = N would always output the whole domain: no information, nothing to reconstruct.
-            self.l = check_int(l, "l (no-repeat: at most N-1 distinct outputs)", 1, n_values - 1)
+            self.l = require_int("l (no-repeat: at most N-1 distinct outputs)", l, low=1, high=n_values - 1,
+                                 error=parameter_error)
         else:
-            self.l = check_int(l, "l", 1)
+            self.l = require_int("l", l, low=1, error=parameter_error)
         self.rng = crypto_rng(rng)
         self.x = 1.0 / (self.gamma + n_values - 1)
         self.p = self.gamma * self.x
@@ -362,10 +448,18 @@ class LExtendedSubstitution:
         codes = self._codec.encode_strict(np.asarray(values, dtype=object).reshape(-1), what="value")
         return self._codec.decode(self.randomise_codes(codes))
 
-    def randomise(self, value: Any) -> np.ndarray:
-        arr = np.empty(1, dtype=object)
-        arr[0] = value
-        return self.randomise_many(arr)[0]
+    @cached_property
+    def exact_epsilon(self) -> float:
+        """eps as sampled.  ``"independent"``: l times the FRAPP draw's exact eps (the l draws are independent
+        and the worst output of one draw can repeat in all l).  ``"no-repeat"``: :func:`no_repeat_epsilon_upper`
+        (the closed form plus a rigorous float margin, below 1e-11 above the stated ``epsilon``)."""
+        if self.variant == "independent":
+            return self.l * frapp_sampling_epsilon(self.k, self.gamma)
+        return no_repeat_epsilon_upper(self.k, self.gamma, self.l)
+
+    @property
+    def domain(self) -> CategoricalDomain:
+        return CategoricalDomain(self.categories)
 
     # ---------------------------------------------------------------- closed forms
     def variance(self, true_count: float | np.ndarray, n: int) -> float | np.ndarray:

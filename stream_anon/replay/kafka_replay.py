@@ -32,6 +32,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
+from stream_anon.core.validation import require_int
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.replay.progress import ProgressBar, RateLimiter
@@ -159,8 +160,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, rep
     :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``, or if it goes away
     before the topic is known (one line for the operator, not a client library's traceback).
     """
-    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
-        raise ValueError(f"partitions: expected an integer >= 1, got {partitions!r}")
+    partitions = require_int("partitions", partitions, low=1)
     admin = _admin(bootstrap_servers, client_config, connect_timeout_s)
     try:
         if topic not in set(admin.list_topics()):
@@ -248,8 +248,7 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
     signal handlers of ``interrupts``, the command line's) stops the replay: what was handed to the producer is
     flushed for at most ``interrupt_flush_timeout_s`` and the stats come back with ``interrupted`` set.
     """
-    if not isinstance(loop, int) or isinstance(loop, bool) or loop < 1:
-        raise ValueError(f"loop: expected an integer >= 1, got {loop!r}")
+    loop = require_int("loop", loop, low=1)
     if rate < 0:
         raise ValueError(f"rate: expected records/s >= 0 (0 = as fast as possible), got {rate!r}")
     if limit is not None and limit < 0:

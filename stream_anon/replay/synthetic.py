@@ -38,6 +38,7 @@ import pandas as pd
 
 from stream_anon.core.datasets import ADULT_ENV, read_adult, sha256_of
 from stream_anon.core.schema import Kind, Schema, adult_schema
+from stream_anon.core.validation import raising, require_int
 
 MARGINALS_FORMAT = "stream-anon-marginals/1"
 ADULT_MARGINALS_PATH = Path(__file__).parent / "data" / "adult_marginals.json"
@@ -248,10 +249,8 @@ class SyntheticGenerator:
         self.marginals = marginals if marginals is not None else adult_marginals()
         # test data, not privacy noise: numpy's default generator (reproducible with a seed, fast)
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise MarginalsError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-        if not isinstance(start_index, int) or isinstance(start_index, bool) or start_index < 0:
-            raise MarginalsError(f"start_index: expected an integer >= 0, got {start_index!r}")
+        batch_size = require_int("batch_size", batch_size, low=1, error=raising(MarginalsError))
+        start_index = require_int("start_index", start_index, low=0, error=raising(MarginalsError))
         self.id_prefix = id_prefix
         self.batch_size = batch_size
         self.next_index = start_index

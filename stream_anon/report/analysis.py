@@ -1,7 +1,7 @@
 """Numbers the report plots, computed from the released records and the schema (no plotting here).
 
 Relative generalization of a released value (0 = exact, 1 = the whole domain), the per-attribute term of
-the Goldberger-Tassa / LM loss (Goldberger & Tassa 2010; Iyengar 2002):
+the Goldberger-Tassa / LM loss (Goldberger & Tassa 2010; Iyengar 2002), computed by :mod:`stream_anon.core.loss`:
     numeric     ``[a-b]``  ->  (b - a) / (hi - lo)          with ``[lo, hi]`` the attribute's public domain
     categorical node  n    ->  (leaves(n) - 1) / (M - 1)     with M the number of leaves of its hierarchy
 The hierarchy *level* of a categorical value is ``height - depth(n)``: 0 for a leaf (not generalized),
@@ -21,6 +21,7 @@ import pandas as pd
 
 from stream_anon.core.hierarchy import HierarchyError
 from stream_anon.core.intervals import IntervalFormatError, parse_interval
+from stream_anon.core.loss import lm_node_losses, numeric_inverse_width, numeric_range_loss
 from stream_anon.core.schema import Attribute, Kind, Schema
 
 SUPPRESSED_LABELS = frozenset({"*", ""})
@@ -45,24 +46,26 @@ class AttributeGeneralization:
 
 def _numeric_relative(attr: Attribute, labels: list[str]) -> np.ndarray:
     assert attr.lo is not None and attr.hi is not None
-    span = attr.hi - attr.lo
-    out = np.full(len(labels), np.nan)
+    vmin = np.full(len(labels), np.nan)
+    vmax = np.full(len(labels), np.nan)
+    suppressed = np.zeros(len(labels), dtype=bool)
     for i, label in enumerate(labels):
         if label.strip() in SUPPRESSED_LABELS:
-            out[i] = 1.0
+            suppressed[i] = True
             continue
         try:
-            lo, hi = parse_interval(label)
+            vmin[i], vmax[i] = parse_interval(label)
         except IntervalFormatError:
             continue
-        out[i] = min(max((hi - lo) / span, 0.0), 1.0)
+    out = np.clip(numeric_range_loss(vmin, vmax, numeric_inverse_width(attr.lo, attr.hi)), 0.0, 1.0)
+    out[suppressed] = 1.0
     return out
 
 
 def _categorical(attr: Attribute, labels: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
     h = attr.hierarchy
     assert h is not None
-    m = h.n_leaves
+    node_loss = lm_node_losses(h)
     rel = np.full(len(labels), np.nan)
     lev = np.full(len(labels), -1, dtype=np.int64)
     for i, label in enumerate(labels):
@@ -73,7 +76,7 @@ def _categorical(attr: Attribute, labels: list[str]) -> tuple[np.ndarray, np.nda
                 node = h.root
             else:
                 continue
-        rel[i] = (h.leaf_count(node) - 1) / (m - 1) if m > 1 else 0.0
+        rel[i] = node_loss[node]
         lev[i] = h.height - int(h.node_depth[node])
     return rel, lev, h.height
 

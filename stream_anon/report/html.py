@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_anon.core.validation import is_number
 from stream_anon.report import plots
 from stream_anon.report.analysis import class_sizes, generalization_levels, quantiles
 from stream_anon.report.rundir import (
@@ -145,7 +146,7 @@ def key_figures(run: RunDir) -> list[tuple[str, Any]]:
         rows.append(("k-anonymity (independent checker)", "verified" if verified else "VIOLATED"))
     for key, label in (("gt_loss", "GT loss"), ("lm_loss_normalized", "LM loss per QI")):
         v = summary_value(s, key)
-        if isinstance(v, int | float) and not isinstance(v, bool):
+        if is_number(v):
             rows.append((label, v))
     if run.delays_arrivals is not None:
         q = quantiles(run.delays_arrivals)

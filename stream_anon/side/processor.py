@@ -64,7 +64,6 @@ from stream_anon.config.side_paths import (
 )
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.formats.release import canonical_id_bytes
-from stream_anon.privacy.accounting import exact_epsilon
 from stream_anon.privacy.base import crypto_rng
 from stream_anon.privacy.budget import BudgetExhaustedError, BudgetSpend, WindowedBudget
 from stream_anon.privacy.dp_kmeans import nicv
@@ -471,7 +470,7 @@ class SidePathProcessor:
                                                                     f"released: the k-means budget is exhausted"))
             return []
         km = kmeans_mechanism(k, *self.kmeans_bounds, self.rng)
-        eps = float(exact_epsilon(km))  # this window's exact eps (replace-one), computed from its noise scales
+        eps = float(km.exact_epsilon)  # this window's exact eps (replace-one), computed from its noise scales
         stream: BudgetSpend | None = None
         if self.budgets.kmeans is not None:
             try:

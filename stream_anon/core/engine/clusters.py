@@ -30,6 +30,14 @@ import numpy as np
 
 from stream_anon.core.engine.tally import Tally
 from stream_anon.core.intervals import format_interval
+from stream_anon.core.loss import (
+    cail_node_losses,
+    cail_table,
+    gt_loss_table,
+    lm_node_losses,
+    numeric_inverse_width,
+    numeric_range_loss,
+)
 from stream_anon.core.schema import Attribute, Schema
 
 
@@ -53,14 +61,14 @@ class QIEncoder:
         self.names = [a.name for a in self.numeric] + [a.name for a in self.categorical]
         self.num_lo = np.array([float(a.lo) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
         self.num_hi = np.array([float(a.hi) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
-        self.num_inv_range = 1.0 / (self.num_hi - self.num_lo) if jn else np.zeros(0)
+        self.num_inv_range = np.array([numeric_inverse_width(a.lo, a.hi) for a in self.numeric], dtype=np.float64)
         self.hierarchies = [a.hierarchy for a in self.categorical]
         self.m = np.array([h.n_leaves for h in self.hierarchies], dtype=np.int64)  # type: ignore[union-attr]
         sizes = self.m * self.m
         self.offsets = (np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if jc
                         else np.zeros(0, np.int64))
-        gt = [h.gt_loss_table().ravel() for h in self.hierarchies]  # type: ignore[union-attr]
-        cail = [h.cail_table().ravel() for h in self.hierarchies]  # type: ignore[union-attr]
+        gt = [gt_loss_table(h).ravel() for h in self.hierarchies]  # type: ignore[arg-type]
+        cail = [cail_table(h).ravel() for h in self.hierarchies]  # type: ignore[arg-type]
         self.gt_table = np.concatenate(gt).astype(np.float64) if jc else np.zeros(1)
         self.cail_table = np.concatenate(cail).astype(np.float64) if jc else np.zeros(1)
         self.score_table = self.cail_table if score == "ubdsa" else self.gt_table
@@ -83,16 +91,13 @@ class QIEncoder:
         self._node_label = [h.node_labels for h in self.hierarchies]  # type: ignore[union-attr]
         self._node_lo = [h.node_leaf_lo.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
         self._node_hi = [h.node_leaf_hi.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
-        self._node_gt = []
-        self._node_score = []
+        self._node_gt: list[list[float]] = []
+        self._node_score: list[list[float]] = []
         for h in self.hierarchies:
             assert h is not None
-            mm = h.n_leaves
-            cnt = h.node_leaf_counts()
-            gt_node = ((cnt - 1) / (mm - 1)).tolist() if mm > 1 else [0.0] * len(cnt)
-            cail_node = [0.0 if n < mm else float(cnt[n]) / mm for n in range(len(cnt))]
+            gt_node = lm_node_losses(h).tolist()
             self._node_gt.append(gt_node)
-            self._node_score.append(cail_node if score == "ubdsa" else gt_node)
+            self._node_score.append(cail_node_losses(h).tolist() if score == "ubdsa" else gt_node)
         self._inv = self.num_inv_range.tolist()
         self._offsets = self.offsets.tolist()
         self._m = self.m.tolist()
@@ -144,7 +149,7 @@ class QIEncoder:
         gt_sum = 0.0
         for t in range(jn):
             lo, hi = b[t], -b[j + t]
-            gt_sum += (hi - lo) * self._inv[t]
+            gt_sum += numeric_range_loss(lo, hi, self._inv[t])
             if self._num_integer[t]:
                 gen[self._num_names[t]] = f"[{int(lo)}-{int(hi)}]"  # == format_interval for integers
             else:

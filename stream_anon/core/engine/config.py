@@ -6,11 +6,10 @@ naming the parameter, the allowed range and the value received.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
+from stream_anon.core.validation import require_bool, require_choice, require_float, require_int
 
 ALGORITHMS = ("castle", "ubdsa")
 LOSSES = ("gt", "lm", "ubdsa")
@@ -31,13 +30,7 @@ class EngineConfigError(ValueError):
 
 
 def _int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise EngineConfigError(name, allowed, value)
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        raise EngineConfigError(name, allowed, value)
-    return int(value)
+    return require_int(name, value, low=lo, high=hi, error=EngineConfigError)
 
 
 @dataclass(frozen=True)
@@ -91,12 +84,9 @@ class EngineConfig:
         set_(self, "delta", _int("delta", self.delta, self.k))
         set_(self, "beta", _int("beta", self.beta, 1))
         set_(self, "mu", _int("mu", self.mu, 1))
-        if self.algorithm not in ALGORITHMS:
-            raise EngineConfigError("algorithm", f"one of {list(ALGORITHMS)}", self.algorithm)
-        if self.loss not in LOSSES:
-            raise EngineConfigError("loss", f"one of {list(LOSSES)}", self.loss)
-        if self.leftover not in LEFTOVER_POLICIES:
-            raise EngineConfigError("leftover", f"one of {list(LEFTOVER_POLICIES)}", self.leftover)
+        require_choice("algorithm", self.algorithm, ALGORITHMS, error=EngineConfigError)
+        require_choice("loss", self.loss, LOSSES, error=EngineConfigError)
+        require_choice("leftover", self.leftover, LEFTOVER_POLICIES, error=EngineConfigError)
         if self.delta_leftover is not None:
             set_(self, "delta_leftover", _int("delta_leftover", self.delta_leftover, 1))
         if self.l is not None:
@@ -105,24 +95,17 @@ class EngineConfig:
         if self.max_age is not None:
             set_(self, "max_age", _int("max_age", self.max_age, 1))
         if self.max_delay_seconds is not None:
-            v = self.max_delay_seconds
-            if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
-                raise EngineConfigError("max_delay_seconds", "a finite number of seconds > 0 (or None)", v)
-            set_(self, "max_delay_seconds", float(v))
-        if not isinstance(self.adaptive_delay, bool):
-            raise EngineConfigError("adaptive_delay", "true or false", self.adaptive_delay)
+            set_(self, "max_delay_seconds", require_float(
+                "max_delay_seconds", self.max_delay_seconds, low=0.0, low_open=True,
+                allowed="a finite number of seconds > 0 (or None)", error=EngineConfigError))
+        set_(self, "adaptive_delay", require_bool("adaptive_delay", self.adaptive_delay, error=EngineConfigError))
         if self.delta_min is not None:
             set_(self, "delta_min", _int("delta_min", self.delta_min, self.k, self.delta))
         if self.seed is not None:
             set_(self, "seed", _int("seed", self.seed, 0))
-        w = self.age_weight
-        if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w >= 0):
-            raise EngineConfigError("age_weight", "a finite number >= 0", w)
-        set_(self, "age_weight", float(w))
-        r = self.release_slack
-        if isinstance(r, bool) or not isinstance(r, int | float) or not (math.isfinite(r) and r >= 0):
-            raise EngineConfigError("release_slack", "a finite number >= 0", r)
-        set_(self, "release_slack", float(r))
+        set_(self, "age_weight", require_float("age_weight", self.age_weight, low=0.0, error=EngineConfigError))
+        set_(self, "release_slack", require_float("release_slack", self.release_slack, low=0.0,
+                                                  error=EngineConfigError))
 
     @property
     def effective_delta_leftover(self) -> int:
