@@ -41,7 +41,7 @@ def _stop_on_side_refusal(stop_event: threading.Event, side: SidePaths, refused:
     while not stop_event.wait(0.25):
         if side.refused():
             refused.append(2)
-            log.error("stopping: the side paths refused to start (see the line above); exit code 2")
+            log.info("stopping: the side paths refused to start (their error above says why); exit code 2")
             stop_event.set()
         elif not side.alive:
             return
