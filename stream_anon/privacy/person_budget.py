@@ -26,7 +26,7 @@ stays small: with N persons each spending up to the cap, the bound for a fresh p
 (2N/width)^depth.  When every person spends about the whole cap at once (the side paths' default: one pass of a
 record spends nearly its lifetime cap) the sketch is a partitioned Bloom filter: a fresh person is refused when all
 its ``depth`` counters are taken, with probability about (1 - e^(-N/width))^depth after N persons (8 x 2^17 and all
-of ADULT, N = 32,561: 2.8e-6 per record).
+of ADULT, N = 32,561: 5.5e-6 per record).
 The state (:meth:`to_dict`) contains the key and must stay internal.
 """
 
