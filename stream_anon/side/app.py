@@ -484,9 +484,11 @@ class SidePathApp:
         record; the metric counts every one)."""
         n = self.status.skipped.get(SKIP_PERSON_BUDGET, 0)
         if n >= self._next_refusal_log:
-            log.warning("side paths: %d record(s) so far got no side output: their person is over "
-                        "side_paths.person_budget.cap_epsilon = %g (each record spends %r)", n,
-                        self.side.person_budget.cap_epsilon, self.processor.epsilon_all_topics)
+            log.warning("side paths: %d record(s) so far got no side output: their %s would exceed its lifetime "
+                        "cap side_paths.person_budget.cap_epsilon = %g (each pass of a record spends %r; a replay or "
+                        "another consumer group reads records that spent it already)", n,
+                        "person" if self.schema.person_id else "record id", self.side.person_budget.cap_epsilon,
+                        self.processor.epsilon_all_topics)
             while self._next_refusal_log <= n:
                 self._next_refusal_log *= 10
 
