@@ -278,13 +278,15 @@ def test_only_the_runtime_and_the_benchmarks_import_the_apps(module: str) -> Non
 
 
 def test_pure_layers_import_neither_kafka_nor_prometheus() -> None:
-    """The pure layer (core/, privacy/, formats/), the configuration and the side paths' pure modules import no
-    Kafka client and no Prometheus."""
+    """The pure layer (core/, privacy/, formats/), the configuration, the side paths' pure modules and the main
+    path's protocol classes (outbox, committer, recovery, partition table, failure policy: the crash test drives them
+    against a simulated broker) import no Kafka client and no Prometheus."""
     pure = [m for m in MODULES if package_of(m) in ("core", "privacy", "formats", "config")]
     pure += ["stream_anon.side.channels", "stream_anon.side.processor", "stream_anon.side.encoding",
              "stream_anon.side.decoding", "stream_anon.side.budgets", "stream_anon.service.pipeline",
-             "stream_anon.service.ledger", "stream_anon.service.recovery", "stream_anon.kafka_io.settings",
-             "stream_anon.kafka_io.errors"]
+             "stream_anon.service.ledger", "stream_anon.service.recovery", "stream_anon.service.outbox",
+             "stream_anon.service.committer", "stream_anon.service.partitions", "stream_anon.service.failure_policy",
+             "stream_anon.kafka_io.settings", "stream_anon.kafka_io.errors"]
     bad = []
     for m in pure:
         tree = ast.parse(MODULES[m].read_text(encoding="utf-8"))

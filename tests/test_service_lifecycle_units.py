@@ -23,7 +23,7 @@ from stream_anon.kafka_io.broker import free_port
 from stream_anon.kafka_io.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
-from stream_anon.service.app import MainPath
+from stream_anon.service.broker_health import BrokerHealth
 from stream_anon.service.liveness import LoopHeartbeat
 
 
@@ -130,15 +130,16 @@ def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogC
     broker was back.  A failed data check is itself the outage's first line; the check then waits for the
     broker's return (only the ping asks, with its backoff), and the return is named."""
     cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     guard = _SilentGuard()
-    main._guard = guard  # type: ignore[assignment]
+    health = BrokerHealth(guard, poller=None, reader=None, kafka=cfg.kafka,  # type: ignore[arg-type]
+                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
+                          ledger_partition=lambda p: p, owned=list, stopping=lambda: False)
     with caplog.at_level(logging.WARNING, logger="stream_anon"):
-        assert main._check_data(force=True) is False
-        assert main._outage_since is not None and guard.calls == 1
-        assert main._check_data() is True and guard.calls == 1  # during the outage only the ping asks
-        main._broker_answered()
+        assert health.check_data(force=True) is False
+        assert health.outage_since is not None and guard.calls == 1
+        assert health.check_data() is True and guard.calls == 1  # during the outage only the ping asks
+        health.answered()
     text = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records)
     assert OUTAGE.search(text) and BACK.search(text), text
     assert re.search(r"not answering for \d+ s \(KafkaTimeoutError: Unable to bootstrap", text), text
-    assert main._outage_since is None
+    assert health.outage_since is None

@@ -25,7 +25,9 @@ from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.formats.messages import OutputMessage
 from stream_anon.formats.release import decode_dead_letter, keyed_hash, record_pseudonym
+from stream_anon.kafka_io.poller import GroupPoller
 from stream_anon.kafka_io.producer import OutputProducer
+from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.side.app import SidePathApp
 from stream_anon.side.budget_store import BudgetTopic
@@ -111,13 +113,22 @@ def records(adult_path: Path) -> list[dict[str, Any]]:
     return list(iter_records(read_adult(adult_path)))[:600]
 
 
+def _no_reader() -> PartitionReader:
+    raise AssertionError("the in-memory consumer has no unreadable record")
+
+
+def poller(consumer: Consumer) -> GroupPoller:
+    """The app's real poller over the in-memory consumer (it commits and seeks through it)."""
+    return GroupPoller(consumer, "adult.raw", max_records=500, reader=_no_reader)  # type: ignore[arg-type]
+
+
 def make_app(side: SidePathConfig, consumer: Consumer, producer: Producer | None = None
              ) -> tuple[SidePathApp, Producer, ServiceMetrics]:
     cfg = dataclasses.replace(Config().with_options({"release.secret": SECRET}), side_paths=side)
     metrics = ServiceMetrics(CollectorRegistry())
     app = SidePathApp(cfg, metrics, rng=0)
     producer = producer or Producer(cfg)
-    app._consumer = consumer  # type: ignore[assignment]
+    app._poller = poller(consumer)
     app._producer = producer
     if app.budget_store is not None:
         app.budget_store = MemoryStore(cfg, producer)
@@ -137,11 +148,11 @@ def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(
     app, producer, metrics = make_app(SIDE, consumer)
     tp = TopicPartition("adult.raw", 0)
     batch = messages(records[:300])
-    app._process(tp, batch)
+    app._process(tp.partition, batch)
     # failed commit: nothing randomized, nothing sent, the batch will be read again from its first offset
     assert producer.sent == [] and app.processor.records_processed == 0
     assert consumer.seeks == [(tp, 0)] and app.status.consumed == 0
-    app._process(tp, batch)
+    app._process(tp.partition, batch)
     assert consumer.commits[-1][tp].offset == 300
     assert app.processor.records_processed == 300
     kinds = [m.kind for m in producer.sent]
@@ -168,7 +179,7 @@ def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[st
     bad = [Msg(10, b"{oops"), Msg(11, json.dumps({**records[0], "age": 500, "id": "clipped-1"}).encode()),
            Msg(12, json.dumps({k: v for k, v in records[0].items() if k != "sex"}).encode()),
            Msg(13, json.dumps({**records[0], "sex": "Other"}).encode())]
-    app._process(tp, messages(records[:10]) + bad)
+    app._process(tp.partition, messages(records[:10]) + bad)
     assert app.status.skipped == {"malformed_json": 1, "missing_field": 1, "out_of_domain": 1}  # "Other": a category
     assert app.status.clipped == {"age": 1}
     assert metrics.registry.get_sample_value("stream_anon_side_values_clipped_total",
@@ -180,14 +191,14 @@ def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[st
 
     skip = dataclasses.replace(SIDE, out_of_domain="skip")
     app_s, _, _ = make_app(skip, Consumer())
-    app_s._process(tp, bad)
+    app_s._process(tp.partition, bad)
     assert app_s.status.skipped == {"malformed_json": 1, "missing_field": 1, "out_of_domain": 2}
     assert app_s.status.clipped == {}
 
     side = SidePathConfig(estimates_every=0, estimates_every_seconds=None, dead_letter=True,
                           kmeans=KMeansConfig(enabled=False), mixing=MixingConfig(records=1))
     app2, producer2, metrics2 = make_app(side, Consumer())
-    app2._process(tp, bad)
+    app2._process(tp.partition, bad)
     dlq = [m for m in producer2.sent if m.topic == "adult.dlq"]
     bodies = [decode_dead_letter(m.value) for m in dlq]
     assert [b["reason"] for b in bodies] == ["malformed_json", "missing_field", "out_of_domain"]
@@ -205,9 +216,9 @@ def test_end_of_stream_flush_waits_for_every_assigned_partition(records: list[di
                           kmeans=KMeansConfig(window=1000, min_partial_window=100))
     app, producer, _ = make_app(side, Consumer(partitions=(0, 1)))
     ctl = [(CONTROL_HEADER, CONTROL_FLUSH)]
-    app._process(TopicPartition("adult.raw", 0), messages(records[:300]) + [Msg(300, b"", headers=ctl)])
+    app._process(0, messages(records[:300]) + [Msg(300, b"", headers=ctl)])
     assert not [m for m in producer.sent if m.kind in ("estimates", "kmeans")]  # partition 1 still running
-    app._process(TopicPartition("adult.raw", 1), messages(records[300:600]) + [Msg(300, b"", headers=ctl)])
+    app._process(1, messages(records[300:600]) + [Msg(300, b"", headers=ctl)])
     est = [json.loads(m.value) for m in producer.sent if m.kind == "estimates"]
     km = [json.loads(m.value) for m in producer.sent if m.kind == "kmeans"]
     assert {e["records_seen"] for e in est} == {600} and len(est) == 9  # one per attribute
@@ -222,11 +233,10 @@ MIXED = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=K
 
 def test_copies_wait_for_their_window_then_leave_shuffled_with_the_release_time(records: list[dict[str, Any]]) -> None:
     app, producer, _ = make_app(MIXED, Consumer())
-    tp = TopicPartition("adult.raw", 0)
-    app._process(tp, messages(records[:300]))
+    app._process(0, messages(records[:300]))
     assert [m for m in producer.sent if m.kind in ("krr", "rs", "blap")] == []  # 300 < 500: held
     assert app.mixer.pending_records == 300
-    app._process(tp, messages(records[300:600], start=300))
+    app._process(0, messages(records[300:600], start=300))
     assert app.mixer.pending_records == 0 and app.status.mixing_windows == 1
     expected = [record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:600]]
     keys = {kind: [m.key for m in producer.sent if m.kind == kind] for kind in ("krr", "rs", "blap")}
@@ -247,8 +257,8 @@ def test_a_partition_end_and_a_clean_stop_release_the_open_windows_on_every_topi
         records: list[dict[str, Any]]) -> None:
     app, producer, _ = make_app(MIXED, Consumer(partitions=(0, 1)))
     ctl = [(CONTROL_HEADER, CONTROL_FLUSH)]
-    app._process(TopicPartition("adult.raw", 0), messages(records[:100]) + [Msg(100, b"", headers=ctl)])
-    app._process(TopicPartition("adult.raw", 1), messages(records[100:130]))
+    app._process(0, messages(records[:100]) + [Msg(100, b"", headers=ctl)])
+    app._process(1, messages(records[100:130]))
     copies = [m for m in producer.sent if m.kind in ("krr", "rs", "blap")]
     first = {record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:100]}
     assert len(copies) == 300 and {m.key for m in copies} == first  # partition 0 ended: its window left
@@ -268,10 +278,9 @@ def test_a_window_leaves_when_its_first_record_is_old_enough(records: list[dict[
     now = [1000.0]
     app.mixer.clock = lambda: now[0]
     app.mixer.wall = lambda: 1_700_000_000.0 + now[0]
-    tp = TopicPartition("adult.raw", 0)
-    app._process(tp, messages(records[:50]))
+    app._process(0, messages(records[:50]))
     now[0] += 29.0
-    app._process(tp, messages(records[50:80], start=50))
+    app._process(0, messages(records[50:80], start=50))
     assert not [m for m in producer.sent if m.kind == "krr"]
     now[0] += 1.0
     app._publish([], 0, app.mixer.due())  # what the loop does after each poll

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from kafka import TopicPartition
 from prometheus_client import CollectorRegistry
-from test_side_app import Consumer, MemoryStore, Producer, SidePathApp, make_app, messages
+from test_side_app import Consumer, MemoryStore, Producer, SidePathApp, make_app, messages, poller
 
 from stream_anon.config.settings import Config
 from stream_anon.config.side_paths import KMeansConfig, PersonBudgetConfig, SidePathConfig, SideTopics
@@ -168,8 +168,8 @@ def test_kmeans_budget_is_persisted_before_the_release_and_a_restart_cannot_rese
     assert isinstance(store, MemoryStore) and store.topic == "adult.raw.side-budget"
     assert app.restore_budgets(store) == 0  # nothing persisted yet
     tp = TopicPartition("adult.raw", 0)
-    app._process(tp, messages(adult[:300]))
-    app._process(tp, messages(adult[300:600], start=300))
+    app._process(tp.partition, messages(adult[:300]))
+    app._process(tp.partition, messages(adult[300:600], start=300))
     sent = producer.sent
     km = [i for i, m in enumerate(sent) if m.kind == "kmeans"]
     budget = [i for i, m in enumerate(sent) if m.topic == store.topic]
@@ -191,7 +191,7 @@ def test_kmeans_budget_is_persisted_before_the_release_and_a_restart_cannot_rese
         app2, producer2, _ = make_app(side, Consumer(), producer=producer)
         assert app2.restore_budgets(store) == 0
     assert app2.processor.kmeans_stopped and "stays STOPPED" in caplog.text
-    app2._process(tp, messages(adult[600:900], start=600))
+    app2._process(tp.partition, messages(adult[600:900], start=600))
     assert [m for m in producer2.sent[len(sent):] if m.kind == "kmeans"] == []
     assert app2.processor.kmeans_refused == 1 and app2.processor.records_processed == 300  # copies still flow
     assert app2.processor.budgets.next_window == 3  # window ids go on (window 2 was refused), never repeat
@@ -231,12 +231,12 @@ def test_the_app_counts_and_logs_person_cap_refusals(adult: list[dict[str, Any]]
     metrics = ServiceMetrics(CollectorRegistry())
     app = SidePathApp(cfg, metrics, rng=0, schema=person_schema())
     producer = Producer(cfg)
-    app._consumer, app._producer = Consumer(), producer  # type: ignore[assignment]
+    app._poller, app._producer = poller(Consumer()), producer
     app.budget_store = MemoryStore(cfg, producer)
     tp = TopicPartition("adult.raw", 0)
     with caplog.at_level(logging.WARNING, logger="stream_anon.side.app"):
         for start in (0, 20):  # 20 persons, one record each, then each a second record: all refused
-            app._process(tp, messages(with_persons(adult[start:start + 20], 20), start=start))
+            app._process(tp.partition, messages(with_persons(adult[start:start + 20], 20), start=start))
     assert app.status.skipped == {SKIP_PERSON_BUDGET: 20} and app.status.processed == 20
     assert metrics.registry.get_sample_value("stream_anon_side_records_skipped_total",
                                              {"topic": "adult.raw", "reason": SKIP_PERSON_BUDGET}) == 20

@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 import pytest
-from kafka import TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from test_side_app import Consumer, Msg, make_app, messages
 
@@ -38,7 +37,7 @@ def test_side_registry_holds_every_metric_the_side_paths_update_and_nothing_else
                           kmeans=KMeansConfig(window=100, total_epsilon=1.5))
     app, _, metrics = make_app(side, Consumer())
     bad = [Msg(400, b"{oops"), Msg(401, json.dumps({**records[0], "age": 500}).encode())]
-    app._process(TopicPartition("adult.raw", 0), messages(records) + bad)
+    app._process(0, messages(records) + bad)
     app._flush()
     app.metrics.reconnect()
     app.metrics.produce_error("adult.krr")

@@ -1,5 +1,6 @@
-"""What the Kafka layer produces: :class:`OutputMessage` (one message to one topic, from one input partition) and
-the header name the side paths set (pure: no Kafka).
+"""What the Kafka layer produces: :class:`OutputMessage` (one message to one topic, from one input partition),
+:class:`Delivery` (where an acknowledged message was stored) and the header name the side paths set (pure: no
+Kafka).
 
 The main path's outputs carry no headers (docs/threat-model.md); the side paths mark each message with its kind
 (:data:`H_KIND`).
@@ -25,3 +26,12 @@ class OutputMessage:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where an acknowledged message was stored."""
+
+    topic: str
+    partition: int
+    offset: int

@@ -136,3 +136,19 @@ def make_consumer(k: KafkaSettings, *, group_id: str | None) -> KafkaConsumer:
     )
 
 
+
+
+def prepare_topics(k: KafkaSettings, names: Sequence[str], layout: TopicLayout, *, what: str = "create topics",
+                   on_retry: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None,
+                   also: Callable[[KafkaAdminClient], None] | None = None) -> dict[str, int]:
+    """Start-up of a path: connect (retrying), create the missing ones of ``names`` (:func:`ensure_topics`,
+    retried as ``what``), run ``also`` with the admin client (e.g. a topic of another shape), close the admin
+    client; returns topic -> partition count.  Raises :class:`BrokerUnavailableError` as :func:`retry` does."""
+    admin = connect_admin(k, on_retry=on_retry, stop=stop)
+    try:
+        counts = retry(what, lambda: ensure_topics(admin, names, layout), k, stop=stop)
+        if also is not None:
+            also(admin)
+        return counts
+    finally:
+        admin.close()

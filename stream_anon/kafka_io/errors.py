@@ -22,3 +22,13 @@ class ProducerStuckError(ProducerFatalError):
 class MessageRejectedError(RuntimeError):
     """The broker or the client refused a message for good (too large, topic not authorized ...): re-sending it
     cannot succeed."""
+
+
+class CommitFailedError(RuntimeError):
+    """A commit of consumer offsets failed (e.g. after a rebalance the partition has a new owner, or the broker did
+    not answer): nothing was committed; the caller commits again later or reads the records again."""
+
+
+class ConsumerFailedError(RuntimeError):
+    """The group consumer's polls kept failing (e.g. fenced) for longer than their bound while the broker answered:
+    the process exits 1 so that a supervisor starts a fresh member."""

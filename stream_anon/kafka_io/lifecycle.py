@@ -28,6 +28,8 @@ STOP_GRACE_SECONDS = 5.0
 acknowledged before it leaves them to the next owner (a restart re-sends them from the ledger)."""
 CLOSE_TIMEOUT_SECONDS = 2.0
 """On a stop: how long each Kafka client may take to close (LeaveGroup, in-flight requests)."""
+MIN_CONSUMER_CLOSE_SECONDS = 0.5
+"""On a stop whose broker did not answer: what a group consumer still gets to close (its LeaveGroup)."""
 PARENT_POLL_SECONDS = 1.0
 """How often the fallback watcher of :func:`die_with_parent` looks at the parent pid."""
 
@@ -55,6 +57,33 @@ class StopClock:
 
     def give_up(self) -> bool:
         return self.stop_event.is_set() and self.remaining() <= 0.0
+
+
+class Closing:
+    """How long the clients of a stop path may take to close, decided once the stop path knows how it went.
+
+    By default each client gets :data:`CLOSE_TIMEOUT_SECONDS`.  :meth:`broker_silent`: the broker did not answer
+    on the way out (or the stop was not clean), so no client waits for it again (a consumer still gets
+    :data:`MIN_CONSUMER_CLOSE_SECONDS` to send its LeaveGroup).  :meth:`abandon`: the producers deliver nothing more
+    (a broker that lost data must not get what they hold)."""
+
+    def __init__(self) -> None:
+        self.seconds = CLOSE_TIMEOUT_SECONDS
+        self.abandoned = False
+
+    def broker_silent(self) -> None:
+        self.seconds = 0.0
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    @property
+    def consumer_seconds(self) -> float:
+        return max(self.seconds, MIN_CONSUMER_CLOSE_SECONDS)
+
+    @property
+    def producer_seconds(self) -> float:
+        return 0.0 if self.abandoned else self.seconds
 
 
 class ClosedSocketRecv(logging.Filter):

@@ -34,14 +34,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
 import confluent_kafka
 import kafka.errors as kafka_errors
 from kafka import KafkaProducer
 
-from stream_anon.formats.messages import OutputMessage
+from stream_anon.formats.messages import Delivery, OutputMessage
 from stream_anon.kafka_io.clients import backoff_delays, client_options, retry
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
@@ -65,15 +64,6 @@ FLUSH_SLICE_SECONDS = 1.0
 class UnconfirmedDelivery(Exception):
     """The broker acknowledged a message without an offset (-1): it may not be stored (see the module
     docstring)."""
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """Where an acknowledged message was stored."""
-
-    topic: str
-    partition: int
-    offset: int
 
 
 class OutgoingBatch:

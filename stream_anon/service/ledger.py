@@ -1,7 +1,8 @@
 """The internal ledger of the main path: its entries, checkpoints and writer state, pure (no Kafka, no Prometheus).
 
 Recovery from the ledger is :mod:`stream_anon.service.recovery`, accounting from it
-:mod:`stream_anon.service.accounting`; the protocol below is the one the three implement.
+:mod:`stream_anon.service.accounting`; the protocol below is the one they implement with the outbox
+(:mod:`stream_anon.service.outbox`, steps 1-3) and the committer (:mod:`stream_anon.service.committer`, steps 4-6).
 
 The ledger is the internal topic ``<input>.ledger`` (:func:`ledger_topic`), ledger partition = input
 partition.  It is the source of truth for recovery and accounting: every input offset appears in exactly one

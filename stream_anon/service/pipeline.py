@@ -16,7 +16,7 @@ which runs the pre-publish gate and builds the output message each entry promise
 * an offset the ledger already accounts for (``accounted``, from recovery) is skipped.
 
 The ledger protocol (send the entries, then their outputs; checkpoints; recovery) is the Kafka loop's job
-(:mod:`stream_anon.service.app`, :mod:`stream_anon.service.ledger`).
+(:mod:`stream_anon.service.outbox`, :mod:`stream_anon.service.committer`, :mod:`stream_anon.service.ledger`).
 
 **Guard** (no message can stop a partition): decoding, the engine's push and the encoding of one message run
 under a guard.  Whatever a bug still throws there dead-letters that message with reason ``internal_error`` and

@@ -1,15 +1,22 @@
-"""Recovery of one input partition from the ledger, pure (no Kafka, no Prometheus): steps a-e of the outbox
+"""Recovery of one input partition from the ledger (no Kafka client, no Prometheus): steps a-e of the outbox
 protocol in :mod:`stream_anon.service.ledger` (its docstring states the protocol and the invariants I1-I4).
 
 :class:`LedgerScan` reads the ledger partition backwards in chunks until a checkpoint proves nothing older is
 needed and plans the start (:class:`RecoveryPlan`); :class:`OutputPresence` holds what the output partitions
 hold after the checkpoint; :func:`outputs_to_resend` names the promised outputs that are missing, in order,
-byte-identical.  The Kafka reads are :class:`stream_anon.kafka_io.reader.PartitionReader`'s.
+byte-identical.  :class:`PartitionRecovery` runs the steps against a reader (:class:`PartitionReading`: the
+service's :class:`~stream_anon.kafka_io.reader.PartitionReader`, or the simulated broker of
+``tests/test_ledger.py``) and the producers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import logging
+import secrets
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
@@ -17,9 +24,16 @@ from stream_anon.service.ledger import (
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
+    PartitionOutbox,
     RecoveryPlan,
     decode_ledger_value,
 )
+from stream_anon.service.outbox import Producers, Receipt, Topics
+from stream_anon.service.partitions import OwnedPartition, PartitionTable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class LedgerScan:
@@ -153,3 +167,154 @@ def outputs_to_resend(pending: Sequence[LedgerEntry], present: Collection[bytes]
             if m.digest() not in present:
                 out.append(m)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- the steps
+class LedgerConflictError(RuntimeError):
+    """The ledger holds checkpoints of another consumer group: two services (two sets of output topics) share one
+    ledger, which would make each skip the other's records.  A configuration error: ``run`` exits 2."""
+
+
+class PartitionReading(Protocol):
+    """The reads recovery needs (:class:`~stream_anon.kafka_io.reader.PartitionReader`)."""
+
+    def bounds(self, topic: str, partition: int, timeout_s: float | None = None) -> tuple[int, int]: ...
+
+    def read_backward(self, topic: str, partition: int, chunk: int,
+                      consume: Callable[[list[tuple[int, bytes | None, bytes | None]]], bool]) -> None: ...
+
+    def read_forward(self, topic: str, partition: int, start: int | None,
+                     chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]: ...
+
+
+class Retry(Protocol):
+    """Calls ``fn`` until the broker answers it (``what`` names it in the log); the service's retries only stop
+    when the service is told to stop."""
+
+    def __call__(self, what: str, fn: Callable[[], T]) -> T: ...
+
+
+def call_once(what: str, fn: Callable[[], T]) -> T:
+    """A :class:`Retry` that does not retry (a simulated broker always answers)."""
+    return fn()
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """A recovered partition: its table entry, the plan it started from, its start offset, and the topic of
+    every output re-sent."""
+
+    owned: OwnedPartition
+    plan: RecoveryPlan
+    start: int
+    resent: tuple[str, ...]
+
+    @property
+    def accounted(self) -> tuple[int, ...]:
+        """Offsets at or after the start the ledger already accounts for (the pipeline skips them)."""
+        return tuple(sorted(self.plan.accounted))
+
+
+class PartitionRecovery:
+    """Recovery steps a-e of one input partition (see the module docstring of :mod:`stream_anon.service.ledger`).
+
+    :meth:`plan`: the backward scan of its ledger partition (a-c); :meth:`recover`: the presence scan of its output
+    partitions, the byte-identical re-send of what the ledger promised and is missing, the new incarnation's first
+    checkpoint (d-e), and its entry in the partition table.
+
+    Args:
+        group: the consumer group (checkpoints carry it; another group's checkpoints are a conflict).
+        chunk: records read per step (``service.readback_chunk``).
+        retry: how reads are retried (:class:`Retry`).
+        on_ledger: called with the receipt of the acknowledged first checkpoint (the data-loss check's floors).
+    """
+
+    def __init__(self, table: PartitionTable, producers: Producers, reader: PartitionReading, topics: Topics, *,
+                 group: str, chunk: int, retry: Retry = call_once,
+                 on_ledger: Callable[[Receipt], None] = lambda _: None) -> None:
+        self.table = table
+        self.producers = producers
+        self.reader = reader
+        self.topics = topics
+        self.group = group
+        self.chunk = chunk
+        self.retry = retry
+        self.on_ledger = on_ledger
+
+    def plan(self, partition: int, committed: int | None) -> RecoveryPlan:
+        """Steps a-c: the backward scan of the partition's ledger partition, from the committed offset."""
+        topic = self.topics.ledger
+        lp = self.producers.ledger.partition_for(topic, partition)
+
+        def read() -> LedgerScan:
+            scan = LedgerScan(self.topics.input, partition, committed, group=self.group)
+            self.reader.read_backward(topic, lp, self.chunk,
+                                      lambda recs: scan.add_chunk([LedgerRecord(*r) for r in recs]))
+            return scan
+
+        plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+        if plan.foreign_groups:
+            raise LedgerConflictError(
+                f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
+                f"service is group {self.group!r}: each service (consumer group, set of output topics) needs its own "
+                f"ledger; set topics.ledger (default <input>.ledger)")
+        if plan.conflicts:
+            log.error("partition %d: ledger %s holds offsets in two different entries (first: %s): accounted once "
+                      "here, the audit reports them", partition, topic, plan.conflicts[:3])
+        if plan.corrupt:
+            log.warning("partition %d: %d ledger record(s) are not entries of this partition (first: %s); skipped",
+                        partition, len(plan.corrupt), plan.corrupt[0])
+        return plan
+
+    def recover(self, partition: int, plan: RecoveryPlan, start: int) -> Recovered:
+        """Steps d-e: complete what the ledger promised, write the new incarnation's first checkpoint, own the
+        partition from ``start``."""
+        t0 = time.monotonic()
+        presence, ends = self._scan_outputs(partition, plan)
+        incarnation = secrets.token_hex(4)
+        box = PartitionOutbox.from_recovery(plan, incarnation=incarnation, ends=ends, group=self.group)
+        resend = outputs_to_resend(plan.pending, presence)
+        resent: list[str] = []
+        if resend:
+            outputs = self.producers.outputs
+            receipt = outputs.send([self.topics.output(partition, m) for m in resend])
+            outputs.flush()
+            for d in receipt.deliveries():
+                box.acked(self.topics.role_of[d.topic], d.offset)
+                resent.append(d.topic)
+        ck = box.checkpoint(start, plan.horizon)
+        ledger = self.producers.ledger
+        ck_receipt = ledger.send([self.topics.ledger_message(partition, ck.key, ck.encode())])
+        ledger.flush()
+        self.on_ledger(ck_receipt)
+        horizon = max(plan.horizon, start - 1)
+        owned = OwnedPartition(partition, box, watermark=start, next_offset=start, horizon=horizon)
+        self.table.add(owned)
+        log.info("partition %d: starting at offset %d (incarnation %s); ledger scan read %d records: %d offsets at or "
+                 "after it already accounted (will be skipped), %d entries after the last checkpoint, %d outputs "
+                 "re-sent, horizon %d; %.2f s", partition, start, incarnation, plan.records_read, len(plan.accounted),
+                 len(plan.pending), len(resend), horizon, time.monotonic() - t0)
+        return Recovered(owned, plan, start, tuple(resent))
+
+    def _scan_outputs(self, partition: int, plan: RecoveryPlan) -> tuple[OutputPresence, dict[str, int]]:
+        """Step d's reads: which promised outputs are in the output partitions (when any is pending), and where
+        this incarnation's outputs will land at the earliest."""
+        presence = OutputPresence()
+        ends: dict[str, int] = {}
+        for role, topic in self.topics.roles.items():
+            op = self.producers.outputs.partition_for(topic, partition)
+            since = (plan.scan_from or {}).get(role)
+
+            def scan(t: str = topic, o: int = op, s: int | None = since) -> tuple[list[tuple[bytes | None,
+                                                                                            bytes | None]], int]:
+                return self.reader.read_forward(t, o, s, self.chunk)
+
+            def end(t: str = topic, o: int = op) -> int:
+                return self.reader.bounds(t, o)[1]
+
+            if plan.pending:
+                msgs, ends[role] = self.retry(f"partition {partition}: scan of {topic}", scan)
+                presence.add_many(role, msgs)
+            elif since is None:
+                ends[role] = self.retry(f"partition {partition}: end of {topic}", end)
+        return presence, ends

@@ -1,7 +1,8 @@
 """From the configuration to the main path's parts: the schema, one engine per partition, the pipeline settings.
 
-The service loop (:mod:`stream_anon.service.app`), the pipeline workers (:mod:`stream_anon.service.workers`) and
-the side paths build their parts here, from the same validated :class:`~stream_anon.config.settings.Config`.
+The service loop (:mod:`stream_anon.service.app`, :mod:`stream_anon.service.loop`), the pipeline workers
+(:mod:`stream_anon.service.workers`) and the side paths build their parts here, from the same validated
+:class:`~stream_anon.config.settings.Config`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where the pure per-partition pipelines run: in the service's own thread, or in worker processes.
 
-The Kafka loop (``app.MainPath``) talks to a :class:`Backend`: ``create`` a partition's pipeline, ``submit`` work
+The Kafka loop (``loop.MainLoop``) talks to a :class:`Backend`: ``create`` a partition's pipeline, ``submit`` work
 (:class:`ProcessBatch`, :class:`FlushPartition`, :class:`ExpirePartition`), collect :class:`PartitionResult` s in
 submission order (per partition), ``drop`` partitions.  With ``service.workers >= 1`` the pipelines (decode,
 validate, engine, encode: the CPU-heavy part) run in that many child processes (partition p in worker p mod n), so

@@ -57,10 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CorruptRecordError, KafkaError
-from kafka.structs import OffsetAndMetadata
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
@@ -75,9 +73,15 @@ from stream_anon.formats.release import (
     dead_letter_message,
     resolve_secret,
 )
-from stream_anon.kafka_io.clients import connect_admin, ensure_topics, make_consumer, retry
-from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
-from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, StopClock
+from stream_anon.kafka_io.clients import connect_admin, make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.errors import (
+    BrokerUnavailableError,
+    CommitFailedError,
+    MessageRejectedError,
+    ProducerFatalError,
+)
+from stream_anon.kafka_io.lifecycle import Closing, StopClock
+from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -94,7 +98,7 @@ from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
 from stream_anon.side.mixing import CopyMixer, MixedWindow
-from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideEvent, SidePathProcessor
+from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +195,9 @@ class SidePathApp:
             if self.processor.budgets.persistent else None
         self.budget_store: BudgetStore | None = self.budget_topic
         self.mixer = CopyMixer(self.side.mixing.records, self.side.mixing.seconds, self.processor.rng)
-        self._admin: Any = None  # kept open for the anchor
+        self._admin: KafkaAdminClient | None = None  # kept open for the anchor
         self._anchored: BudgetAnchor | None = None  # the anchor as last committed
-        self._consumer: KafkaConsumer | None = None
+        self._poller: Poller | None = None
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -232,9 +236,46 @@ class SidePathApp:
         return out
 
     # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> int:
+        """Topics, the budget topic, the producer, the persisted budgets, the consumer (the shared start-up of
+        :func:`~stream_anon.kafka_io.clients.prepare_topics`); 0, or the exit code of a start that failed."""
+        cfg, stop, t, topic = self.cfg, self.stop_event.is_set, self.topics, self.budget_topic
+        # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
+        wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
+
+        anchor: list[BudgetAnchor | None] = [None]
+
+        def ensure_budget_topic(admin: KafkaAdminClient) -> None:
+            if topic is not None:
+                retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
+                anchor[0] = retry("read the budget anchor", lambda: read_anchor(admin, self.input_topic), cfg.kafka,
+                                  stop=stop)
+
+        try:
+            counts = prepare_topics(cfg.kafka, wanted, cfg.topics.layout(), what="create side topics",
+                                    on_retry=self.metrics.reconnect, stop=stop, also=ensure_budget_topic)
+        except BudgetTopicError as e:
+            return self._failed_start(f"not started: {e}", 2)
+        # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
+        self._producer = open_producer(cfg.kafka, partition_counts=counts, on_error=self.metrics.produce_error,
+                                       stop=StopClock(self.stop_event).give_up, label="side")
+        store = self.budget_store
+        if store is not None:
+            spending = [t.krr, t.rs, t.blap, t.kmeans]
+            rc = self.restore_budgets(
+                store, lambda: retry("read the budget state", store.load, cfg.kafka, stop=stop), anchor=anchor[0],
+                outputs_exist=lambda: retry("look for side outputs", lambda: side_outputs_found(cfg, spending),
+                                            cfg.kafka, stop=stop))
+            if rc:
+                return rc
+            self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
+            self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
+        consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka, stop=stop)
+        self._poller = GroupPoller(consumer, self.input_topic, max_records=cfg.kafka.max_poll_records,
+                                   reader=lambda: PartitionReader(cfg.kafka))
+        return 0
+
     def run(self) -> int:
-        cfg = self.cfg
-        stop = self.stop_event.is_set
         if not self.side.enabled:
             log.info("side paths disabled (side_paths.enabled = false)")
             self.status.finished.set()
@@ -242,48 +283,17 @@ class SidePathApp:
         for line in self.startup_warnings():
             log.warning("side paths: %s", line)
         try:
-            admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)
-            t = self.topics
-            # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
-            wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
-            layout = cfg.topics.layout()
-            counts = retry("create side topics", lambda: ensure_topics(admin, wanted, layout), cfg.kafka, stop=stop)
-            topic = self.budget_topic
-            anchor: BudgetAnchor | None = None
-            if topic is not None:
-                try:
-                    retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
-                except BudgetTopicError as e:
-                    admin.close()
-                    return self._failed_start(f"not started: {e}", 2)
-                anchor = retry("read the budget anchor", lambda: read_anchor(admin, self.input_topic), cfg.kafka,
-                               stop=stop)
-                self._admin = admin
-            else:
-                admin.close()
-            # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
-            self._producer = open_producer(cfg.kafka, partition_counts=counts, on_error=self.metrics.produce_error,
-                                           stop=StopClock(self.stop_event).give_up, label="side")
-            store = self.budget_store
-            if store is not None:
-                spending = [t.krr, t.rs, t.blap, t.kmeans]
-                rc = self.restore_budgets(
-                    store, lambda: retry("read the budget state", store.load, cfg.kafka, stop=stop), anchor=anchor,
-                    outputs_exist=lambda: retry("look for side outputs",
-                                                lambda: side_outputs_found(cfg, spending), cfg.kafka, stop=stop))
-                if rc:
-                    return rc
-                self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
-            self._consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka,
-                                   stop=stop)
+            rc = self._start()
         except BrokerUnavailableError as e:
             return self._failed_start(str(e), 3)
         except Exception as e:  # a thread's top: never die silently (the main path goes on without side paths)
             log.exception("side paths: start failed")
             return self._failed_start(repr(e), 1)
-        self._consumer.subscribe([self.input_topic])
+        if rc or self._poller is None:
+            return rc
+        self._poller.subscribe()
         self.metrics.budgets()
-        p, m = self.processor, self.side.mixing
+        p, t, m = self.processor, self.topics, self.side.mixing
         cap = self.side.person_budget.cap_epsilon
         log.info("side paths: consuming %s as group %r -> %s; each record spends %r over all side outputs (exact eps "
                  "per topic %s, k-means window %r), lifetime cap %s per %s; copies leave in shuffled windows of "
@@ -351,51 +361,31 @@ class SidePathApp:
         return rc
 
     def _loop(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        poll_ms, max_records = self.cfg.service.poll_timeout_ms, self.cfg.kafka.max_poll_records
+        poller = self._poller
+        assert poller is not None
+        poll_ms = self.cfg.service.poll_timeout_ms
         while not self.stop_event.is_set():
-            try:
-                batch = consumer.poll(timeout_ms=poll_ms, max_records=max_records)
-            except CorruptRecordError as e:
-                self._skip_unreadable(e)
-                continue
+            batch = poller.poll(poll_ms, self._unreadable)
             if not batch:
                 self._publish(self.processor.poll(), 0, self.mixer.due())
                 self._flush()
                 continue
-            for tp, recs in batch.items():
+            for partition, recs in batch.items():
                 if recs:
-                    self._process(tp, recs)
+                    self._process(partition, recs)
             self._publish([], 0, self.mixer.due())  # windows that aged while the batch was processed
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
 
-    def _skip_unreadable(self, error: CorruptRecordError) -> None:
-        """kafka-python raised ``CorruptRecordError`` inside ``poll()`` (e.g. a header key that is not UTF-8) without
-        naming the partition: find each assigned partition whose record at the consumer's position cannot be read
-        (with a group-less reader, as the main path does), skip it (``corrupt_record``) and seek past it.  If none
-        is found, re-raise (the side paths stop with the error)."""
-        consumer = self._consumer
-        assert consumer is not None
-        reader = PartitionReader(self.cfg.kafka)
-        found = False
-        try:
-            for tp in sorted(consumer.assignment()):
-                pos = consumer.position(tp)
-                if pos is None or reader.first_readable(tp.topic, tp.partition, pos):
-                    continue
-                found = True
-                log.warning("side paths: the record at %s offset %d cannot be read (%s): skipped as corrupt_record",
-                            tp, pos, " ".join(str(error).split())[:300])
-                self._skip("corrupt_record")
-                consumer.seek(tp, pos + 1)
-        finally:
-            reader.close()
-        if not found:
-            raise error
+    def _unreadable(self, partition: int, offset: int, error: str) -> bool:
+        """A record the consumer cannot read (found by the poller, as the main path's are): skipped as
+        ``corrupt_record``, the poller seeks past it."""
+        log.warning("side paths: the record at %s[%d] offset %d cannot be read (%s): skipped as corrupt_record",
+                    self.input_topic, partition, offset, error[:300])
+        self._skip("corrupt_record")
+        return True
 
-    def _decode(self, partition: int, recs: Sequence[ConsumerRecord]) -> _Decoded:
+    def _decode(self, partition: int, recs: Sequence[PolledRecord]) -> _Decoded:
         """Validated records in segments (a segment ends at an end-of-stream control), bad input, dead letters."""
         d = _Decoded()
         for r in recs:
@@ -416,25 +406,61 @@ class SidePathApp:
             d.segments[-1][0].append(rec)
         return d
 
-    def _process(self, tp: TopicPartition, recs: Sequence[ConsumerRecord]) -> None:
-        status, proc = self.status, self.processor
-        assert self._consumer is not None
-        n = len(recs)
+    def _process(self, partition: int, recs: Sequence[PolledRecord]) -> None:
         # decode everything first, then commit (at most one randomization per record), then perturb + publish
-        decoded = self._decode(tp.partition, recs)
+        decoded = self._decode(partition, recs)
+        if not self._commit_first(partition, recs):
+            return
+        self._count_input(partition, recs, decoded)
+        outputs: list[Out] = []
+        windows: list[MixedWindow] = []
+        events: list[SideEvent] = []
+        for records, flush_after in decoded.segments:
+            if records:
+                b = self._perturb(partition, records)
+                if b is not None:
+                    if b.copies:  # all of a record's copies go into the same window
+                        self.mixer.add(partition, b.copies, len(b.copies[0]))
+                    outputs.extend(b.outputs)
+                    events.extend(b.events)
+                self._ended.discard(partition)
+            if flush_after:
+                self._ended.add(partition)
+                windows.extend(self.mixer.flush([partition]))  # the end of this partition's stream
+                if self._all_partitions_ended():
+                    outputs.extend(self.processor.flush())
+        outputs.extend(self.processor.poll())  # timer (nothing right after a flush: no new records since)
+        windows.extend(self.mixer.due())
+        if decoded.dlq:
+            assert self._producer is not None
+            self._producer.send(decoded.dlq)
+            for reason in decoded.dlq_reasons:
+                self.metrics.dead_lettered(reason)
+        self._publish(outputs, partition, windows, events)
+
+    def _commit_first(self, partition: int, recs: Sequence[PolledRecord]) -> bool:
+        """Commit the batch's offsets before anything of it is randomized; False: the commit failed, nothing of the
+        batch was randomized, and it is consumed again (seek back) or by the partition's new owner."""
+        poller = self._poller
+        assert poller is not None
         next_offset = int(recs[-1].offset) + 1
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(next_offset, None, -1)})
-        except KafkaError as e:
-            # nothing of this batch was randomized yet: re-read it (or let the partition's new owner do it)
+            poller.commit_sync({partition: next_offset})
+            return True
+        except CommitFailedError as e:
+            where = f"{self.input_topic}[{partition}]"
             log.warning("side paths: commit of %s@%d failed (%r); the batch of %d messages is not perturbed now and "
-                        "will be consumed again (no record is randomized twice)", tp, next_offset, e, n)
+                        "will be consumed again (no record is randomized twice)", where, next_offset,
+                        e.__cause__ or e, len(recs))
             try:
-                self._consumer.seek(tp, int(recs[0].offset))
+                poller.seek(partition, int(recs[0].offset))
             except ValueError as e2:  # partition revoked: its new owner starts from the committed offset
-                log.info("side paths: %s no longer assigned (%r)", tp, e2)
+                log.info("side paths: %s no longer assigned (%r)", where, e2)
             self.stop_event.wait(0.5)
-            return
+            return False
+
+    def _count_input(self, partition: int, recs: Sequence[PolledRecord], decoded: _Decoded) -> None:
+        status, n = self.status, len(recs)
         status.consumed += n
         status.control += decoded.controls
         self.metrics.consumed(n)
@@ -443,41 +469,23 @@ class SidePathApp:
         for attribute in decoded.clipped:
             status.clipped[attribute] = status.clipped.get(attribute, 0) + 1
             self.metrics.clipped(attribute)
-        status.positions[tp.partition] = next_offset
-        outputs: list[Out] = []
-        windows: list[MixedWindow] = []
-        events: list[SideEvent] = []
-        for records, flush_after in decoded.segments:
-            if records:
-                try:
-                    b = proc.process_batch_encoded(records)
-                except (SidePathConfigError, ValueError, ArithmeticError) as e:  # a bug or a schema mismatch
-                    log.exception("side paths: %d records of %s not perturbed: %s", len(records), tp, e)
-                    self._skip("side_path_error", len(records))
-                else:
-                    if b.copies:  # all of a record's copies go into the same window
-                        self.mixer.add(tp.partition, b.copies, len(b.copies[0]))
-                    outputs.extend(b.outputs)
-                    events.extend(b.events)
-                    for reason, count in b.skipped.items():
-                        self._skip(reason, count)
-                    if b.skipped.get(SKIP_PERSON_BUDGET):
-                        self._log_person_refusals()
-                    status.processed += len(records) - sum(b.skipped.values())
-                self._ended.discard(tp.partition)
-            if flush_after:
-                self._ended.add(tp.partition)
-                windows.extend(self.mixer.flush([tp.partition]))  # the end of this partition's stream
-                if self._all_partitions_ended():
-                    outputs.extend(proc.flush())
-        outputs.extend(proc.poll())  # timer (nothing right after a flush: no new records since)
-        windows.extend(self.mixer.due())
-        if decoded.dlq:
-            assert self._producer is not None
-            self._producer.send(decoded.dlq)
-            for reason in decoded.dlq_reasons:
-                self.metrics.dead_lettered(reason)
-        self._publish(outputs, tp.partition, windows, events)
+        status.positions[partition] = int(recs[-1].offset) + 1
+
+    def _perturb(self, partition: int, records: list[dict[str, Any]]) -> SideBatch | None:
+        """One segment of valid records through the processor (None: it failed, the records are skipped)."""
+        try:
+            b = self.processor.process_batch_encoded(records)
+        except (SidePathConfigError, ValueError, ArithmeticError) as e:  # a bug or a schema mismatch
+            log.exception("side paths: %d records of %s[%d] not perturbed: %s", len(records), self.input_topic,
+                          partition, e)
+            self._skip("side_path_error", len(records))
+            return None
+        for reason, count in b.skipped.items():
+            self._skip(reason, count)
+        if b.skipped.get(SKIP_PERSON_BUDGET):
+            self._log_person_refusals()
+        self.status.processed += len(records) - sum(b.skipped.values())
+        return b
 
     def _log_person_refusals(self) -> None:
         """A WARNING when the count of records refused by the per-person cap reaches 1, 10, 100, ... (never per
@@ -494,15 +502,14 @@ class SidePathApp:
 
     def _all_partitions_ended(self) -> bool:
         """True when every assigned input partition's latest message is an end-of-stream flush control."""
-        assert self._consumer is not None
-        assigned = {tp.partition for tp in self._consumer.assignment() if tp.topic == self.input_topic}
-        return assigned <= self._ended
+        assert self._poller is not None
+        return self._poller.assignment() <= self._ended
 
     def _skip(self, reason: str, count: int = 1) -> None:
         self.status.skipped[reason] = self.status.skipped.get(reason, 0) + count
         self.metrics.skipped(reason, count)
 
-    def _dead_letter(self, partition: int, r: ConsumerRecord, dl: DeadLetter) -> OutputMessage:
+    def _dead_letter(self, partition: int, r: PolledRecord, dl: DeadLetter) -> OutputMessage:
         """The dead letter of a bad input as the main path writes it: redacted by default (``dlq.payload``), no
         headers."""
         o = self.release
@@ -603,22 +610,19 @@ class SidePathApp:
                     per_topic[topic] * self.processor.epsilon_per_record[topic]
 
     def _shutdown(self) -> None:
-        close_s = CLOSE_TIMEOUT_SECONDS
+        closing = Closing()
         try:
-            if self._producer is not None and self._consumer is not None and self.status.ready.is_set():
+            if self._producer is not None and self._poller is not None and self.status.ready.is_set():
                 # every open window (a record has a copy on every side topic or on none), final estimates
                 self._publish(self.processor.flush(partial_kmeans=False), 0, self.mixer.flush())
                 self._flush()
         except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
             log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
-            close_s = 0.0  # the broker did not answer: do not wait for it again
-        if self._consumer is not None:
-            try:
-                self._consumer.close(timeout_ms=int(max(close_s, 0.5) * 1000))
-            except (KafkaError, OSError) as e:  # closing a client of a dead broker
-                log.debug("consumer close failed: %r", e)
+            closing.broker_silent()  # the broker did not answer: do not wait for it again
+        if self._poller is not None:
+            self._poller.close(closing.consumer_seconds)
         if self._producer is not None:
-            self._producer.close(close_s)
+            self._producer.close(closing.producer_seconds)
         self._close_admin()
         self.status.finished.set()
         log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})

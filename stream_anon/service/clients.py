@@ -1,0 +1,126 @@
+"""The Kafka clients of one main-path member, built once at start (:func:`open_main_clients`) and closed by the
+``ExitStack`` they were entered into: topics made sure of, the broker guard, the group poller, the recovery
+reader, the broker-health view and the two producers (:class:`ServiceProducers`, which the loop may recreate).
+
+Every client exists for the whole run or the run does not start (:class:`~stream_anon.kafka_io.errors.
+BrokerUnavailableError`: exit 3; :class:`MissingLedgerError`: exit 2): nothing downstream checks for a missing
+one.  How long each may take to close is decided when the stop path knows how it went
+(:class:`~stream_anon.kafka_io.lifecycle.Closing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.lifecycle import Closing, StopClock
+from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
+from stream_anon.kafka_io.producer import OutputProducer, open_producer
+from stream_anon.kafka_io.reader import PartitionReader
+from stream_anon.kafka_io.settings import KafkaSettings
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.service.broker_guard import BrokerGuard
+from stream_anon.service.broker_health import BrokerHealth
+from stream_anon.service.outbox import Topics
+
+log = logging.getLogger(__name__)
+
+LOOP_REQUEST_TIMEOUT_MS = 5000
+"""Blocking requests of the running loop (the recovery reader's scans and ends, committed offsets) time out after at
+most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
+
+
+class MissingLedgerError(RuntimeError):
+    """The ledger topic does not exist and ``topics.create`` is false (a configuration error: exit 2)."""
+
+
+def main_topics(cfg: Config) -> Topics:
+    t = cfg.topics
+    return Topics(input=t.input, ledger=t.ledger_topic(), roles={"anon": t.anon, "suppressed": t.suppressed,
+                                                                  "dlq": t.dlq})
+
+
+class ServiceProducers:
+    """The output producer and the ledger producer (the ledger's messages are few and small, and step 2 waits for
+    them: no linger); :meth:`recreate` closes both, abandoning what they hold, and opens new ones."""
+
+    def __init__(self, kafka: KafkaSettings, **options: Any) -> None:
+        self.kafka = kafka
+        self.options = options
+        self._outputs = open_producer(kafka, **options)
+        self._ledger = open_producer(dataclasses.replace(kafka, linger_ms=0), label="ledger", **options)
+
+    @property
+    def outputs(self) -> OutputProducer:
+        return self._outputs
+
+    @property
+    def ledger(self) -> OutputProducer:
+        return self._ledger
+
+    def recreate(self) -> None:
+        self.close(0.0)
+        self._outputs = open_producer(self.kafka, **self.options)
+        self._ledger = open_producer(dataclasses.replace(self.kafka, linger_ms=0), label="ledger", **self.options)
+
+    def close(self, timeout_s: float) -> None:
+        for producer in (self._outputs, self._ledger):
+            producer.close(timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
+class MainClients:
+    """The clients of one run (see the module docstring)."""
+
+    topics: Topics
+    counts: dict[str, int]  # topic -> partitions
+    guard: BrokerGuard
+    poller: Poller
+    reader: PartitionReader
+    health: BrokerHealth
+    producers: ServiceProducers
+
+
+def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics, stopping: Callable[[], bool],
+                      stop_clock: StopClock, closing: Closing, owned: Callable[[], Iterable[int]]) -> MainClients:
+    """Connect (with the start-up retry policy), make sure of the topics and open every client; each is entered
+    into ``stack`` as soon as it exists.  ``owned``: the partitions the loop owns (the health checks read their
+    ledger partitions)."""
+    k, topics = cfg.kafka, main_topics(cfg)
+    counts = prepare_topics(k, cfg.topics.service_topics(), cfg.topics.layout(),
+                            on_retry=metrics.broker_reconnects.inc, stop=stopping)
+    if topics.ledger not in counts:
+        raise MissingLedgerError(f"topics.ledger: topic {topics.ledger} does not exist and topics.create is false: "
+                                 f"create it (compacted, with the input's partition count; "
+                                 f"deploy/kafka/create-topics.sh)")
+    guard = BrokerGuard(cfg, [topics.input, topics.ledger, *topics.roles.values()])
+    stack.callback(guard.close)
+    retry("topic metadata", guard.start, k, stop=stopping)
+    reader_kafka = dataclasses.replace(k, request_timeout_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
+    consumer = retry("consumer", lambda: make_consumer(k, group_id=k.group_id), k, stop=stopping)
+    poller = GroupPoller(consumer, topics.input, max_records=k.max_poll_records,
+                         reader=lambda: PartitionReader(reader_kafka))
+    stack.callback(lambda: poller.close(closing.consumer_seconds))
+    reader = retry("recovery reader", lambda: PartitionReader(reader_kafka), k, stop=stopping)
+    stack.callback(reader.close)
+    n_ledger = counts[topics.ledger]
+    health = BrokerHealth(guard, poller, reader, kafka=k, input_topic=topics.input, ledger_topic=topics.ledger,
+                          ledger_partition=lambda p: p % n_ledger, owned=owned, stopping=stopping)
+    # polls that keep failing while the broker answers end the run (exit 1: a supervisor starts a fresh member)
+    poller.failures = FailingPolls(cfg.service.producer_recovery_seconds, lambda: health.check_data(force=True),
+                                   pause_s=min(1.0, cfg.service.poll_timeout_ms / 1000.0))
+
+    def produce_error(topic: str) -> None:
+        metrics.produce_errors.labels(topic=topic).inc()
+
+    # a flush on the stop path waits for the stop grace, not forever (lifecycle.StopClock)
+    producers = ServiceProducers(k, partition_counts=counts, stop=stop_clock.give_up, on_error=produce_error,
+                                 stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=health.check_data)
+    stack.callback(lambda: producers.close(closing.producer_seconds))
+    return MainClients(topics, counts, guard, poller, reader, health, producers)

@@ -1,0 +1,361 @@
+"""One run of the main path's loop, with its clients (built by :meth:`stream_anon.service.app.MainPath.run`).
+
+Each iteration: poll a batch -> the partition's pipeline (inline or in a worker process); the finished batches'
+ledger entries -> the ledger (step 1) and, once acknowledged, their outputs (step 2: :mod:`~stream_anon.service.
+outbox`); every ``service.commit_interval_ms`` steps 3-5 and, once confirmed, step 6
+(:mod:`~stream_anon.service.committer`); the broker's health (:mod:`~stream_anon.service.broker_health`).
+
+A partition's first records start its recovery (:meth:`MainLoop._start_offset`,
+:class:`~stream_anon.service.recovery.PartitionRecovery`).  On revoke: finish in-flight batches, steps 1-4, commit
+the revoked partitions' watermarks asynchronously, drop their state (the new owner recovers from the ledger).  A
+producer that cannot deliver is closed and created anew and every owned partition recovers from the ledger
+(:meth:`MainLoop._recreate_producers`), as long as :class:`~stream_anon.service.failure_policy.ProducerFailurePolicy`
+allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from kafka.errors import KafkaError
+
+from stream_anon.config.settings import Config
+from stream_anon.kafka_io.clients import retry
+from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
+from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
+from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
+from stream_anon.service.committer import CommitProgress, Committer
+from stream_anon.service.failure_policy import ProducerFailurePolicy, failure_window
+from stream_anon.service.ledger import RecoveryPlan
+from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
+from stream_anon.service.outbox import LedgerOutbox
+from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
+from stream_anon.service.recovery import PartitionRecovery
+from stream_anon.service.totals import BatchAccounting, MainPathTotals
+from stream_anon.service.workers import (
+    Backend,
+    CreatePartition,
+    ExpirePartition,
+    FlushPartition,
+    ProcessBatch,
+    RawMessage,
+    WorkerError,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class LoopOwner(Protocol):
+    """What the loop reads and updates of the main path that runs it (:class:`~stream_anon.service.app.MainPath`):
+    the state that outlives one run and what callers watch."""
+
+    cfg: Config
+    metrics: ServiceMetrics
+    table: PartitionTable
+    totals: MainPathTotals
+    progress: CommitProgress
+    heartbeat: LoopHeartbeat
+    stop_event: threading.Event
+    stop_clock: StopClock
+    ready: threading.Event
+    assigned: threading.Event
+    view: LoopView
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record the consumer could not read (``CorruptRecordError``): only its position is known."""
+
+    offset: int
+    error: str
+
+
+class MainLoop:
+    """The loop of one run (see the module docstring); its clients exist for the whole run."""
+
+    def __init__(self, main: LoopOwner, clients: MainClients, backend: Backend) -> None:
+        self.main = main
+        self.cfg: Config = main.cfg
+        self.clients = clients
+        self.backend = backend
+        self.table = main.table
+        self.poller, self.health, self.producers = clients.poller, clients.health, clients.producers
+        topics = clients.topics
+        self.outbox = LedgerOutbox(self.table, self.producers, topics, on_answer=self.health.answered)
+        self.committer = Committer(self.table, self.outbox, self.producers, self.poller, topics,
+                                   on_answer=self.health.answered, on_ledger=self.health.note_ledger,
+                                   on_committed=self._committed, progress=main.progress)
+        self.recovery = PartitionRecovery(self.table, self.producers, clients.reader, topics,
+                                          group=self.cfg.kafka.group_id, chunk=self.cfg.service.readback_chunk,
+                                          retry=self._retry, on_ledger=self.health.note_ledger)
+        self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
+            "anon"])
+        self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
+        self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        """Until the service is told to stop; raises what ends the run (``MainPath.run`` maps it to an exit code)."""
+        self.lag.start()  # (first: the stop path stops it whatever happens next)
+        self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
+        cfg, a = self.cfg, self.cfg.anonymization
+        log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+                 cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
+                 cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
+        self.main.ready.set()
+        self._run_recovering()
+
+    def _run_recovering(self) -> None:
+        """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger, as
+        long as the failure policy allows (an outage never counts; a commit of progress starts a new row)."""
+        progress = self.main.progress
+        policy = ProducerFailurePolicy(failure_window(self.cfg.service.producer_recovery_seconds),
+                                       progress=progress.made)
+        error: ProducerFatalError | None = None
+        while True:
+            try:
+                if error is not None:
+                    self._recreate_producers(error)
+                    error = None
+                self._loop()
+                return
+            except ProducerFatalError as e:
+                if self.main.stop_event.is_set():
+                    raise
+                answered = self.health.check_data(force=True)  # the broker answers (and kept its data)
+                policy.failed(now=time.monotonic(), progress=progress.made, broker_answered=answered)
+                if policy.exhausted:
+                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures within {policy.window_s:.0f} "
+                                             f"s: creating the producers anew did not help") from e
+                error = e
+
+    def _loop(self) -> None:
+        cfg, main = self.cfg, self.main
+        commit_every = cfg.service.commit_interval_ms / 1000.0
+        last_commit = time.monotonic()
+        while not main.stop_event.is_set():
+            main.heartbeat.tick()
+            batch = self.poller.poll(0 if self.outbox.waiting else cfg.service.poll_timeout_ms, self._on_unreadable)
+            now = time.time()
+            if batch:
+                self.health.answered()
+            for p, recs in batch.items():
+                if recs:
+                    self._submit(p, recs, now)
+            self._expire_and_flush(now)
+            self.outbox.send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
+            self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            main.view = LoopView(main.view.assigned, self.table.positions())
+            self.outbox.send_acknowledged(wait=not batch)  # step 2
+            self.committer.write_tombstones()  # step 6 (commits confirmed during the poll)
+            if time.monotonic() - last_commit >= commit_every:
+                self.committer.commit()  # steps 3-5
+                last_commit = time.monotonic()
+            self.health.check_broker_when_due()
+            self.health.check_data()
+
+    def finish(self, *, clean: bool) -> bool:
+        """The stop path: when ``clean``, the last entries and outputs, checkpoints and a final synchronous commit
+        (bounded by what is left of the stop grace); False if the broker was unreachable.  The clients are
+        closed afterwards, by the stack they were entered into."""
+        self.lag.stop()
+        ok = True
+        try:
+            if clean:
+                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
+                remaining = self.main.stop_clock.remaining()
+                self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
+                                                         max(0.5, remaining)))
+                self.committer.write_tombstones()
+                self.producers.ledger.flush()
+        except BrokerUnavailableError as e:
+            ok = False
+            log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
+        except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
+            log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
+        self.closing_down = True
+        return ok
+
+    # ------------------------------------------------------------------ input
+    def _submit(self, partition: int, recs: Sequence[Any], now: float) -> bool:
+        """Hand consumed records (polled records or :class:`Unreadable`) of one partition to its pipeline,
+        recovering the partition first when it is new.  False: they were not taken (the consumer was moved back
+        to the partition's start; they come again)."""
+        if partition not in self.table:
+            start = self._start_offset(partition, recs[0].offset)
+            if start is None:
+                return False
+            recs = [r for r in recs if r.offset >= start]
+            if not recs:
+                return True
+        msgs: tuple[RawMessage, ...] = tuple(
+            (r.offset, None, None, (), None, r.error) if isinstance(r, Unreadable)
+            else (r.offset, r.value, r.key, r.headers, r.timestamp, None) for r in recs)
+        self.backend.submit(ProcessBatch(partition, msgs, now))
+        owned = self.table.get(partition)
+        if owned is not None:
+            owned.last_input = now
+        return True
+
+    def _on_unreadable(self, partition: int, offset: int, error: str) -> bool:
+        """A record the consumer cannot read: dead-lettered by position (reason ``corrupt_record``)."""
+        log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as corrupt_record, "
+                  "skipping it", partition, offset, error)
+        return self._submit(partition, [Unreadable(offset, error)], time.time())
+
+    def _expire_and_flush(self, now: float) -> None:
+        """Time-based releases: the engine's delay in seconds, and the idle flush of a quiet partition."""
+        expire = self.cfg.anonymization.max_delay_seconds is not None
+        idle = self.cfg.service.idle_flush_seconds
+        for owned in self.table:
+            if not owned.buffered:
+                continue
+            if expire:
+                self.backend.submit(ExpirePartition(owned.partition, now))
+            if idle > 0 and owned.idle_for(now) >= idle:
+                log.info("partition %d idle for %.1f s: flushing %d buffered records", owned.partition, idle,
+                         owned.buffered)
+                self.backend.submit(FlushPartition(owned.partition, now))
+                owned.last_input = now
+
+    def _collect(self, *, wait_all: bool, timeout: float | None = None) -> None:
+        """Step 1 for the finished batches: their ledger entries go to the ledger; take over the partitions' new
+        watermarks.  ``timeout``: a worker that does not answer within it raises :class:`WorkerError`."""
+        for res in self.backend.results(wait_all=wait_all, timeout=timeout):
+            owned = self.table.get(res.partition)
+            if owned is not None:
+                owned.report(watermark=res.watermark, next_offset=res.next_offset, buffered=res.buffered,
+                             open_clusters=res.open_clusters, horizon=res.horizon)
+            if res.entries:
+                self.outbox.write(res.partition, res.entries)
+            self.accounting.record(res, owned)
+
+    def _committed(self, partition: int, offset: int) -> None:
+        self.health.note_committed(partition, offset)
+        self.main.metrics.commit_watermark.labels(topic=self.clients.topics.input,
+                                                  partition=str(partition)).set(offset)
+
+    # ------------------------------------------------------------------ partitions
+    def _start_offset(self, partition: int, first_offset: int) -> int | None:
+        """Recover a new partition and return the offset its pipeline starts at (records below it are already
+        accounted), or None after seeking the consumer back to that offset (the records come again).
+
+        The start is the recovery plan's: max(committed offset, last checkpoint's watermark); with neither, the
+        consumer's reset position (``first_offset``).  kafka-python keeps the fetch position of a partition
+        revoked and assigned again to the same member, but the revoke dropped the state: then the position is
+        past the start, so seek back once.  Offsets below the first available one (retention) start at it.
+        """
+        seek = self.table.seeking.pop(partition, None)
+        plan = seek.plan if seek is not None else self._plan(partition)
+        target = plan.start_offset if plan.start_offset is not None else first_offset
+        if first_offset > target and (seek is None or seek.target != target):
+            self.table.seeking[partition] = SeekBack(plan, target)
+            log.info("partition %d: position %d is past the start %d (state dropped at a rebalance): seeking back",
+                     partition, first_offset, target)
+            self.poller.seek(partition, target)
+            return None
+        start = max(first_offset, target)
+        self._start_partition(partition, plan, start)
+        return start
+
+    def _plan(self, partition: int) -> RecoveryPlan:
+        self.health.check_data(force=True)  # a new partition may be the first sign of a recreated topic
+        timeout_ms = min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)
+        committed = self._retry(f"partition {partition}: committed offset",
+                                lambda: self.poller.committed(partition, timeout_ms))
+        self.health.check_committed(partition, committed, self.cfg.kafka.group_id)
+        return self.recovery.plan(partition, committed)
+
+    def _start_partition(self, partition: int, plan: RecoveryPlan, start: int) -> None:
+        """Recovery steps d-e, then the partition's pipeline from ``start``."""
+        rec = self.recovery.recover(partition, plan, start)
+        self.backend.create(CreatePartition(partition, start, rec.accounted, rec.owned.horizon,
+                                            rec.owned.incarnation))
+        self.accounting.recovered(partition, rec.resent)
+
+    def _recover_now(self, partition: int) -> None:
+        """Recover an assigned partition without waiting for its records: plan, seek the consumer to its start."""
+        committed = self._retry(f"partition {partition}: committed offset",
+                                lambda: self.poller.committed(partition, self.cfg.kafka.request_timeout_ms))
+        plan = self.recovery.plan(partition, committed)
+        start = plan.start_offset
+        if start is None:
+            input_topic = self.clients.topics.input
+            start = self._retry(f"partition {partition}: first offset",
+                                lambda: self.clients.reader.bounds(input_topic, partition)[0])
+        self.poller.seek(partition, start)
+        self._start_partition(partition, plan, start)
+
+    def _recreate_producers(self, error: BaseException) -> None:
+        """A producer cannot deliver: abandon both producers and what they hold, create new ones, and recover
+        every owned partition from the ledger now (the outputs it promised and that are missing are re-sent byte
+        for byte, records without an acknowledged entry are consumed and processed again)."""
+        t0 = time.monotonic()
+        owned = self.table.partitions()
+        log.warning("%s: closing the ledger and output producers and creating new ones; partitions %s recover from "
+                    "the ledger", error, owned)
+        self.backend.results(wait_all=True)  # abandoned: their records are consumed again
+        self.backend.drop(owned)
+        self.table.clear()
+        self.outbox.abandon()
+        self.producers.recreate()
+        self.main.totals.producer_recreations += 1
+        assigned = self.poller.assignment()
+        for p in owned:
+            if p in assigned:
+                self._recover_now(p)
+        log.warning("producers created anew and partitions %s recovered from the ledger in %.2f s",
+                    self.table.partitions(), time.monotonic() - t0)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
+        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
+        return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0)
+
+    # ------------------------------------------------------------------ rebalances
+    def _on_assigned(self, partitions: set[int]) -> None:
+        log.info("assigned partitions %s", sorted(partitions))
+        view = self.main.view
+        self.main.view = dataclasses.replace(view, assigned=view.assigned | frozenset(partitions))
+        self.main.assigned.set()
+
+    def _on_revoked(self, partitions: list[int]) -> None:
+        """Rebalance: finish in-flight batches, steps 1-4, commit what is safe for the revoked partitions (async:
+        no blocking consumer call), drop their state.  What this raises is raised after the poll (it ends the
+        loop: recovery or exit); the partitions' state is dropped either way."""
+        view = self.main.view
+        self.main.view = dataclasses.replace(view, assigned=view.assigned - frozenset(partitions))
+        try:
+            self._revoke(partitions)
+        except Exception as e:
+            log.warning("partitions %s revoked while %r: their state is dropped without a commit (the next owner "
+                        "recovers them from the ledger)", partitions, e)
+            self._drop(partitions)
+            raise
+
+    def _revoke(self, partitions: list[int]) -> None:
+        owned = self.table.owned_of(partitions)
+        for p in partitions:
+            self.table.seeking.pop(p, None)
+        if not owned or self.closing_down:  # closing: the final commit covered them already
+            return
+        self._collect(wait_all=True)
+        self.committer.commit_revoked(owned)
+        for o in self._drop(owned):
+            log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "
+                     "recovers them from the ledger)", o.partition, o.watermark, o.buffered)
+            self.accounting.revoked(o.partition)
+
+    def _drop(self, partitions: list[int]) -> list[OwnedPartition]:
+        dropped = self.table.drop(partitions)
+        self.backend.drop([o.partition for o in dropped])
+        return dropped
