@@ -98,13 +98,19 @@ class PersonBudgetSketch:
         return int(self.counters.nbytes)
 
     # ------------------------------------------------------------------ hashing
+    @property
+    def key_hex(self) -> str:
+        """The secret hash key, hex (keep it internal)."""
+        return self._key.hex()
+
     def cells(self, person_ids: Iterable[Any]) -> np.ndarray:
         """(n, depth) counter indices of the persons (one keyed BLAKE2b digest, 4 bytes per row)."""
-        ids = list(person_ids)
-        size = 4 * self.depth
-        key = self._key
-        digests = b"".join(hashlib.blake2b(person_key_bytes(pid), key=key, digest_size=size).digest() for pid in ids)
-        words = np.frombuffer(digests, dtype="<u4").reshape(len(ids), self.depth)
+        return self._cells_of([person_key_bytes(pid) for pid in person_ids])
+
+    def _cells_of(self, keys: Sequence[bytes]) -> np.ndarray:
+        size, key = 4 * self.depth, self._key
+        digests = b"".join([hashlib.blake2b(k, key=key, digest_size=size).digest() for k in keys])
+        words = np.frombuffer(digests, dtype="<u4").reshape(len(keys), self.depth)
         return (words % np.uint32(self.width)).astype(np.int64)
 
     def estimate(self, person_ids: Iterable[Any]) -> np.ndarray:
@@ -127,6 +133,11 @@ class PersonBudgetSketch:
 
         ``epsilon``: one value for all, or one per element.  Refused spends change nothing.
         """
+        return self.try_spend_cells(person_ids, epsilon)[0]
+
+    def try_spend_cells(self, person_ids: Sequence[Hashable], epsilon: float | Sequence[float] | np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`try_spend`, also returning the (n, depth) counter indices of the persons (each id hashed once)."""
         ids = list(person_ids)
         n = len(ids)
         eps = np.asarray(epsilon, dtype=np.float64)
@@ -136,11 +147,11 @@ class PersonBudgetSketch:
             raise PrivacyParameterError(f"epsilon: expected one value or {n} values, got shape {eps.shape}")
         if n and (not np.all(np.isfinite(eps)) or np.any(eps <= 0)):
             raise PrivacyParameterError(f"epsilon: every spend must be in (0, inf), got {eps[~(eps > 0)][:1]!r}")
-        cells = self.cells(ids)
+        keys = [person_key_bytes(pid) for pid in ids]
+        cells = self._cells_of(keys)
         occurrence = np.empty(n, dtype=np.int64)
         seen: dict[bytes, int] = {}
-        for i, pid in enumerate(ids):
-            k = person_key_bytes(pid)
+        for i, k in enumerate(keys):
             occurrence[i] = seen.get(k, 0)
             seen[k] = occurrence[i] + 1
         accepted = np.zeros(n, dtype=bool)
@@ -158,7 +169,7 @@ class PersonBudgetSketch:
         self.n_spends += int(accepted.sum())
         self.n_refused += int(n - accepted.sum())
         self.total_spent = math.fsum([self.total_spent, float(eps[accepted].sum())])
-        return accepted
+        return accepted, cells
 
     def spend(self, person_id: Hashable, epsilon: float, label: str = "") -> None:
         """Spend for one person or raise :class:`BudgetExhaustedError` (nothing spent)."""

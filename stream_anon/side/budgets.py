@@ -231,11 +231,9 @@ class SideBudgets:
         nothing spent)."""
         sketch = self.person
         assert sketch is not None
-        mask = sketch.try_spend(person_ids, epsilon)
+        mask, cells = sketch.try_spend_cells(person_ids, epsilon)  # cells: (n, depth), row r's cell index
         if mask.any():
-            accepted = [p for p, ok in zip(person_ids, mask.tolist(), strict=True) if ok]
-            cells = sketch.cells(accepted)  # (n, depth): row r's cell index
-            flat = (np.arange(sketch.depth, dtype=np.int64)[None, :] * sketch.width + cells).reshape(-1)
+            flat = (np.arange(sketch.depth, dtype=np.int64)[None, :] * sketch.width + cells[mask]).reshape(-1)
             self._changed.append(flat)
         return mask
 
@@ -291,9 +289,8 @@ class SideBudgets:
                 "keys": {k[cut:]: v for k, v in sorted(self.live.items())}, "history": self.history[-HISTORY_KEPT:]}
 
     def _meta(self, sketch: PersonBudgetSketch) -> dict[str, Any]:
-        state = sketch.to_dict()
         return {"v": STATE_FORMAT, "generation": self.generation, "seq": self.seq, "kind": "PersonBudgetSketch",
-                "width": sketch.width, "depth": sketch.depth, "key": state["key"]}
+                "width": sketch.width, "depth": sketch.depth, "key": sketch.key_hex}
 
     @staticmethod
     def _stats(sketch: PersonBudgetSketch) -> dict[str, Any]:
