@@ -89,6 +89,23 @@ class Run:
     inputs: list[Any]  # the input topic's ConsumerRecords
 
 
+def wait_for_copies(bootstrap: str, topics: list[str], n: int, deadline: float) -> None:
+    """Until each of ``topics`` holds ``n`` messages (counted by reading them)."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    try:
+        tps = [TopicPartition(t, q) for t in topics for q in range(PARTITIONS)]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        seen = dict.fromkeys(topics, 0)
+        while any(v < n for v in seen.values()):
+            assert time.monotonic() < deadline, seen
+            for tp, msgs in c.poll(timeout_ms=200).items():
+                seen[tp.topic] += len(msgs)
+    finally:
+        c.close()
+
+
 def committed(consumer: KafkaConsumer, topic: str) -> dict[int, int]:
     return {p: int(consumer.committed(TopicPartition(topic, p)) or 0) for p in range(PARTITIONS)}
 
@@ -144,6 +161,10 @@ def serve_adult(broker: Any, adult_path: Path, side: dict[str, Any]) -> Run:
             assert time.monotonic() < deadline, (committed(main_group, cfg.topics.input),
                                                  committed(side_group, cfg.topics.input), ends)
             time.sleep(0.2)
+        # the side group commits a batch before perturbing it: wait until the copies are on their topics too (the
+        # end-of-stream markers released the last windows), so that the stop does not race their acknowledgement
+        per_record = [topics[r] for r in ("krr", "rs", "blap") if getattr(cfg.side_paths, r).enabled]
+        wait_for_copies(bs, per_record, len(records), deadline)
         seconds = time.monotonic() - t0
     finally:
         main_group.close()
