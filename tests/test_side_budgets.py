@@ -325,6 +325,9 @@ def test_a_state_that_is_missing_or_older_than_its_anchor_is_refused_unless_a_ne
     head = json.loads(updates["in.raw/head"])
     assert head["generation"] == generation and head["history"][-1]["started"] == "t1"
     assert head["history"][-1]["how"].startswith("--new-budget: ")
+    # a readable head keeps the earlier generations in the history; a lost one cannot
+    kept = action in ("kmeans key tombstoned", "delta tombstoned", "rolled back")
+    assert [h["generation"] for h in head["history"]] == ([1, 2] if kept else [generation])
     assert b.kmeans is not None and b.kmeans.spent == 0 and b.person is not None and b.person.try_spend([0], 3.9)[0]
 
 

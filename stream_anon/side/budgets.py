@@ -368,7 +368,7 @@ class SideBudgets:
             reason = "--new-budget: the previous budget was readable and current, and was abandoned deliberately"
         else:
             reason = "--new-budget at a first start (no budget state, no anchor and no side output found)"
-        self._new_generation(generation, when, reason, previous, history=self.history if head is not None else None)
+        self._new_generation(generation, when, reason, previous, history=head["history"] if head is not None else None)
         return BudgetOpening("new", f"NEW budget of input {self.scope!r} started by --new-budget (generation "
                                     f"{generation}, recorded in {where}): the spending of generation "
                                     f"{(previous or {}).get('generation', '-')} is forgotten and every record may "
