@@ -137,9 +137,9 @@ def test_config_is_frozen_and_derived_configs_are_new_validated_ones() -> None:
     cfg = Config.load(env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.kafka.bootstrap_servers = "h:9092"  # type: ignore[misc]
-    derived = cfg.with_options({"kafka.bootstrap_servers": "h:9092", "side_paths.krr.epsilon": "0.5"})
-    assert derived.kafka.bootstrap_servers == "h:9092" and derived.side_paths.krr.epsilon == 0.5
-    assert cfg.kafka.bootstrap_servers is None and cfg.side_paths.krr.epsilon == 1.0  # unchanged
+    derived = cfg.with_options({"kafka.bootstrap_servers": "h:9092", "side_paths.krr.epsilon": "0.3"})
+    assert derived.kafka.bootstrap_servers == "h:9092" and derived.side_paths.krr.epsilon == 0.3
+    assert cfg.kafka.bootstrap_servers is None and cfg.side_paths.krr.epsilon is None  # unchanged
     with pytest.raises(ConfigError, match=r"anonymization\.delta.*>= 10.*5"):
         cfg.with_options({"anonymization.delta": 5})
 

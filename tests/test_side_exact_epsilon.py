@@ -40,6 +40,7 @@ from stream_anon.config.side_paths import (
     BLapConfig,
     KMeansConfig,
     KRRConfig,
+    PersonBudgetConfig,
     RSConfig,
     SidePathConfig,
     SideTopics,
@@ -60,10 +61,11 @@ TOPICS = SideTopics()
 CONFIGS = {
     "defaults": SidePathConfig(estimates_every=0, estimates_every_seconds=None),
     "non-default": SidePathConfig(
-        krr=KRRConfig(record_epsilon=2.0),  # 0.4 per attribute
+        krr=KRRConfig(record_epsilon=2.0),  # 0.5 per attribute
         rs=RSConfig(l=2, variant="no-repeat", epsilon=0.8),
         blap=BLapConfig(epsilon=0.5),
         kmeans=KMeansConfig(gamma=0.3, epsilon=0.7, window=2000),
+        person_budget=PersonBudgetConfig(cap_epsilon=6.0),  # above the default lifetime cap of 4: raised explicitly
         estimates_every=0, estimates_every_seconds=None),
     "gamma, splits, l-extended independent": SidePathConfig(
         krr=KRRConfig(attributes=["sex", "race"], epsilon=2.5),
@@ -71,6 +73,7 @@ CONFIGS = {
         blap=BLapConfig(attributes=["age", "capital-gain"], categorical_attributes=["income"], record_epsilon=1.5),
         kmeans=KMeansConfig(attributes=["age", "hours-per-week", "education-num"], epsilon=2.0, gamma=0.4,
                             window=1500),
+        person_budget=PersonBudgetConfig(cap_epsilon=None),
         estimates_every=0, estimates_every_seconds=None),
 }
 

@@ -20,7 +20,13 @@ from prometheus_client import CollectorRegistry
 from waiting import Deadline, wait_for
 
 from stream_anon.config.settings import Config
-from stream_anon.config.side_paths import KMeansConfig, SidePathConfig, budget_topic
+from stream_anon.config.side_paths import (
+    KMeansConfig,
+    MixingConfig,
+    PersonBudgetConfig,
+    SidePathConfig,
+    budget_topic,
+)
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
@@ -172,11 +178,11 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
         assert metrics.registry.get_sample_value("stream_anon_side_records_published_total",
                                                  {"topic": topic}) == n_valid
     est = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.estimates)]
-    # 3 rounds at 1000/2000/3000 records (the flush adds none: no new records since) x 12 attributes
+    # 3 rounds at 1000/2000/3000 records (the flush adds none: no new records since) x 9 attributes
     final = [e for e in est if e["records_seen"] == n_valid]
     attrs = {e["attribute"] for e in final}
-    assert attrs == {"sex", "race", "marital-status", "relationship", "workclass", "education", "occupation",
-                     "income", "age", "hours-per-week", "education-num"}
+    assert attrs == {"sex", "race", "marital-status", "workclass", "education", "occupation", "income", "age",
+                     "hours-per-week"}
     for e in final:
         assert e["standard_error"] is not None and e["standard_error"] > 0
         assert e["additional_epsilon"] == 0.0
@@ -193,9 +199,9 @@ def test_side_app_publishes_every_record_with_its_epsilon(broker: Any, adult_rec
     km = [json.loads(m.value) for m in _read_all(broker.bootstrap_servers, cfg.topics.kmeans)]
     assert [k["window"] for k in km] == [0, 1, 2]
     for k in km:
-        assert k["epsilon"] == 1.0 and len(k["centroids"]) == 3
+        assert k["epsilon"] == plan.epsilon_kmeans == 0.4 and len(k["centroids"]) == 3
         assert all(17 <= c[0] <= 90 and 1 <= c[1] <= 99 for c in k["centroids"])
-    assert metrics.registry.get_sample_value("stream_anon_epsilon_per_record", {"topic": cfg.topics.kmeans}) == 1.0
+    assert metrics.registry.get_sample_value("stream_anon_epsilon_per_record", {"topic": cfg.topics.kmeans}) == pytest.approx(0.4)
     assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total",
                                              {"topic": cfg.topics.input}) == n_valid + 2 + n_parts
 
@@ -205,7 +211,8 @@ def test_side_app_budget_exhaustion_stops_kmeans_and_survives_a_restart(
         caplog: pytest.LogCaptureFixture) -> None:
     tag = "sb" + uuid.uuid4().hex[:6]
     side = SidePathConfig(estimates_every=0, estimates_every_seconds=None,
-                          kmeans=KMeansConfig(window=500, epsilon=1.0, total_epsilon=2.5))
+                          kmeans=KMeansConfig(window=500, epsilon=1.0, total_epsilon=2.5),
+                          person_budget=PersonBudgetConfig(cap_epsilon=5.0), mixing=MixingConfig(seconds=1.0))
     cfg = _config(broker.bootstrap_servers, tag, side)
     metrics = ServiceMetrics(CollectorRegistry())
     status = SideStatus()
@@ -228,10 +235,10 @@ def test_side_app_budget_exhaustion_stops_kmeans_and_survives_a_restart(
                                              {"topic": cfg.topics.kmeans}) == pytest.approx(2.5)
     # the per-record side topics are unaffected
     assert status.published[cfg.topics.krr] == len(recs)
-    # the spending is in the internal budget topic, keyed by the group
-    state = {m.key.decode(): json.loads(m.value)
-             for m in _read_all(broker.bootstrap_servers, budget_topic(side, cfg.topics.input))}
-    assert state[f"{side_group_id(cfg)}/kmeans"]["spent"] == 2.0
+    # the spending is in the internal budget topic, keyed by the input topic (not the group)
+    state = {m.key.decode(): m.value for m in _read_all(broker.bootstrap_servers, budget_topic(side, cfg.topics.input))}
+    assert json.loads(state[f"{cfg.topics.input}/kmeans"])["accountant"]["spent"] == 2.0
+    assert not any(k.startswith(side_group_id(cfg)) for k in state)
 
     # restart (the same group): the budget is restored, the next windows stay refused, the copies go on
     running_side.stop(th)
@@ -255,11 +262,17 @@ def test_an_unreadable_budget_state_stops_the_side_paths_with_exit_2(broker: Any
     store = BudgetTopic(cfg, topic)
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
     store.ensure(admin)  # 1 partition, compacted
-    _produce(broker.bootstrap_servers, topic, [b"not a budget"], [f"{side_group_id(cfg)}/kmeans".encode()])
+    _produce(broker.bootstrap_servers, topic, [b"not a budget"], [f"{cfg.topics.input}/head".encode()])
     status = SideStatus()
-    rc = run_side_paths(cfg, ServiceMetrics(CollectorRegistry()), threading.Event(), status=status)
-    assert rc == 2 and status.error is not None
-    assert f"topic {topic!r}" in status.error and f"{side_group_id(cfg)}/kmeans" in status.error
+    stop = threading.Event()
+    timer = threading.Timer(60, stop.set)  # a start that is not refused would run until stopped: fail, not hang
+    timer.start()
+    try:
+        rc = run_side_paths(cfg, ServiceMetrics(CollectorRegistry()), stop, status=status)
+    finally:
+        timer.cancel()
+    assert rc == 2 and status.error is not None, status.summary()
+    assert f"topic {topic!r}" in status.error and f"{cfg.topics.input}/head" in status.error
     # a budget topic of several partitions is refused too (the state lives in partition 0)
     wide = dataclasses.replace(side, budget_topic=f"{tag}.wide-budget")
     admin.create_topics([NewTopic(f"{tag}.wide-budget", 3, 1)])

@@ -279,6 +279,10 @@ def register(sub: Any) -> None:
                                    "defaults. Without --bootstrap-servers an embedded broker is started (then "
                                    f"service.idle_flush_seconds defaults to {EMBEDDED_IDLE_FLUSH_SECONDS:g}).")
     add_config_flags(p)
+    p.add_argument("--new-budget", action="store_true",
+                   help="start a NEW side-path budget for the input topic (a new generation: every record may spend "
+                        "its lifetime cap again); needed when the budget state is missing or stale; logged as a "
+                        "WARNING and recorded in the budget topic (docs/side-paths.md)")
     p.set_defaults(func=_run)
     one_line_errors(p)
 
@@ -327,7 +331,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stream-anon run: {note}", file=sys.stderr)
     stop = threading.Event()
     _install_signals(stop)
-    return run_service(cfg, stop_event=stop)
+    return run_service(cfg, stop_event=stop, new_budget=args.new_budget)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -42,9 +42,18 @@ OUT_OF_DOMAIN_MODES = ("clip", "skip")
 """``side_paths.out_of_domain``: clip an out-of-domain numeric value into the schema's public domain, or skip the
 record (the main path dead-letters it either way)."""
 
-DEFAULT_EPSILON = 1.0
-"""eps per attribute when neither ``epsilon`` nor ``record_epsilon`` (nor, for random substitution, ``gamma``) is
-set."""
+DEFAULT_RECORD_EPSILON: dict[str, float] = {"krr": 1.4, "rs": 1.0, "blap": 1.1}
+"""A topic's eps per record, split equally over its attributes, when neither ``epsilon`` nor ``record_epsilon`` (nor,
+for random substitution, ``gamma``) is set.  With the k-means window's 0.4 the default record spends 3.9 (stated
+3.9000000000050...) over all side outputs, under the default lifetime cap of 4 (docs/side-paths.md)."""
+DEFAULT_LIFETIME_CAP = 4.0
+"""``person_budget.cap_epsilon`` by default: what one record (or person) may spend over all side outputs, all passes
+and all consumer groups together: a lifetime cap, counted in the persisted sketch."""
+DEFAULT_MIXING_RECORDS = 1000
+"""``mixing.records``: a window of side copies is released once it holds this many records (or is
+``mixing.seconds`` old)."""
+DEFAULT_MIXING_SECONDS = 30.0
+"""``mixing.seconds``: a window of side copies is released at the latest this long after its first record."""
 
 
 class SidePathConfigError(ValueError):
@@ -54,12 +63,13 @@ class SidePathConfigError(ValueError):
 # ============================================================================================ options
 @dataclass(frozen=True)
 class KRRConfig:
-    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (then
-    ``epsilon`` is not used).  ``attributes`` None: the schema's attributes that declare ``side_paths: [krr]``."""
+    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (at most one of
+    them; neither: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON` ``["krr"]``).  ``attributes`` None: the
+    schema's attributes that declare ``side_paths: [krr]``."""
 
     enabled: bool = True
     attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [krr])
-    epsilon: float = DEFAULT_EPSILON
+    epsilon: float | None = None
     record_epsilon: float | None = None  # set: every attribute targets record_epsilon / len(attributes)
 
 
@@ -70,13 +80,13 @@ class RSConfig:
     Give at most one of ``epsilon`` (the target eps per attribute; gamma derived: ``e^eps`` for l = 1,
     ``e^(eps/l)`` for independent l-extended, bisection on the exact eps for ``no-repeat``), ``record_epsilon``
     (split equally over the attributes) or ``gamma`` (the matrix parameter itself; its exact eps is what is
-    stated and counted against the caps).  None of them: ``epsilon`` = 1.  ``l`` > 1: l-extended substitution,
-    ``variant`` ``independent`` | ``no-repeat``.
+    stated and counted against the caps).  None of them: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON`
+    ``["rs"]``.  ``l`` > 1: l-extended substitution, ``variant`` ``independent`` | ``no-repeat``.
     """
 
     enabled: bool = True
     attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [rs])
-    epsilon: float | None = None  # None: 1.0 unless gamma or record_epsilon is set
+    epsilon: float | None = None
     gamma: float | None = None
     l: int = 1  # noqa: E741
     variant: str = "independent"
@@ -87,12 +97,13 @@ class RSConfig:
 class BLapConfig:
     """Bounded Laplace copies on ``adult.blap``: numeric ``attributes`` on the schema's public domain (an exact
     grid: the integer grid for integer attributes) and ``categorical_attributes`` through the discretized bounded
-    Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally."""
+    Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally (at most one
+    of them; neither: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON` ``["blap"]``)."""
 
     enabled: bool = True
     attributes: list[str] | None = None  # None: the schema's numeric attributes declaring side_paths: [blap]
     categorical_attributes: list[str] | None = None  # None: the schema's categorical ones declaring it
-    epsilon: float = DEFAULT_EPSILON
+    epsilon: float | None = None
     record_epsilon: float | None = None
     boundary_width: float = 0.1  # of the boundary-corrected mean estimator (normalized units)
 
@@ -110,7 +121,7 @@ class KMeansConfig:
     enabled: bool = True
     attributes: list[str] | None = None  # None: the schema's attributes declaring side_paths: [kmeans]
     n_clusters: int = 3
-    epsilon: float = 1.0
+    epsilon: float = 0.4
     gamma: float = 0.5
     window: int = 5000
     variant: str = "uniquad"
@@ -120,14 +131,27 @@ class KMeansConfig:
 
 @dataclass(frozen=True)
 class PersonBudgetConfig:
-    """Per-person eps cap for schemas with a person id: a keyed count-min sketch
-    (:class:`~stream_anon.privacy.person_budget.PersonBudgetSketch`, ``depth`` x ``width`` counters, 8 bytes each)
-    charged one record's total eps per record; a record whose person would exceed ``cap_epsilon`` gets no side
-    output at all.  Persisted with the other budgets."""
+    """The lifetime eps cap of each person (the schema's ``person_id``) or, without a person id, of each record (its
+    ``record_id``): a keyed count-min sketch (:class:`~stream_anon.privacy.person_budget.PersonBudgetSketch`,
+    ``depth`` x ``width`` counters, 8 bytes each) charged one record's total eps each time the record is perturbed,
+    over all passes and consumer groups; a record whose person (or id) would exceed ``cap_epsilon`` gets no side
+    output at all.  Persisted with the other budgets, keyed by the input topic.  ``cap_epsilon: null`` turns the
+    cap off (every pass over the same records then spends again; a WARNING at start)."""
 
-    cap_epsilon: float | None = None  # None: no per-person cap
-    width: int = 1 << 18
-    depth: int = 4
+    cap_epsilon: float | None = DEFAULT_LIFETIME_CAP
+    width: int = 1 << 17
+    depth: int = 8  # 8 x 2^17 x 8 bytes = 8 MiB; all of ADULT: ~0.1 false refusals (docs/side-paths.md)
+
+
+@dataclass(frozen=True)
+class MixingConfig:
+    """Side copies leave in windows: the copies of one input partition's records are held until the window holds
+    ``records`` records or its first record is ``seconds`` old, then each topic's copies of the window are sent in
+    an independent uniformly random order, all with the window's release time as their Kafka timestamp
+    (:mod:`stream_anon.side.mixing`)."""
+
+    records: int = DEFAULT_MIXING_RECORDS
+    seconds: float = DEFAULT_MIXING_SECONDS
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,7 @@ class SidePathConfig:
     blap: BLapConfig = field(default_factory=BLapConfig)
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     person_budget: PersonBudgetConfig = field(default_factory=PersonBudgetConfig)
+    mixing: MixingConfig = field(default_factory=MixingConfig)
     estimates_every: int = 5000  # records between two rounds of estimates (0 = only at flush/timer)
     estimates_every_seconds: float | None = 60.0  # also publish after this long with new records
     total_epsilon: float | None = None  # cap on one record's eps summed over all side outputs (None = no cap)
@@ -311,11 +336,20 @@ def _positive(option: str, value: Any) -> float:
     return float(value)
 
 
-def _split(option: str, per_attribute: float, record_epsilon: float | None, n: int) -> float:
-    """Target eps per attribute: ``record_epsilon / n`` when a per-record budget is split, else ``per_attribute``."""
-    if record_epsilon is None:
+def _split(option: str, per_attribute: float | None, record_epsilon: float | None, n: int) -> float:
+    """Target eps per attribute of topic ``option``: ``epsilon``, or ``record_epsilon / n``; both given is refused
+    naming both (they would disagree about what a record spends); neither: the topic's
+    :data:`DEFAULT_RECORD_EPSILON` split over the ``n`` attributes."""
+    if per_attribute is not None and record_epsilon is not None:
+        raise SidePathConfigError(
+            f"options side_paths.{option}.epsilon ({per_attribute!r}) and side_paths.{option}.record_epsilon "
+            f"({record_epsilon!r}) are both set: give one of them (epsilon per attribute, or record_epsilon split "
+            f"equally over the {n} attribute(s))")
+    if per_attribute is not None:
         return _positive(f"{option}.epsilon", per_attribute)
-    return _positive(f"{option}.record_epsilon", record_epsilon) / max(n, 1)
+    if record_epsilon is not None:
+        return _positive(f"{option}.record_epsilon", record_epsilon) / max(n, 1)
+    return DEFAULT_RECORD_EPSILON[option] / max(n, 1)
 
 
 def _categories(schema: Schema, option: str, name: str) -> list[str]:
@@ -376,9 +410,10 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
     pb = config.person_budget
     if pb.cap_epsilon is not None:
         cap = _positive("person_budget.cap_epsilon", pb.cap_epsilon)
-        if schema.person_id is None:
-            raise _err("person_budget.cap_epsilon", f"null for schema {schema.name!r}, which declares no person_id "
-                       f"(a per-person cap needs the person id field)", pb.cap_epsilon)
+        if schema.person_id is None and schema.record_id is None:
+            raise _err("person_budget.cap_epsilon", f"null for schema {schema.name!r}, which declares neither a "
+                       f"person_id nor a record_id (the lifetime cap counts what each person, else each record id, "
+                       f"spent)", pb.cap_epsilon)
         if exceeds(eps_all, cap):
             raise _err("person_budget.cap_epsilon", f"at least the exact eps of one record over all side outputs "
                        f"({_fmt(eps_all, cap)})", pb.cap_epsilon)
@@ -389,6 +424,15 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
 
 
 def _check_general(config: SidePathConfig, schema: Schema) -> None:
+    for section in ("krr", "blap"):  # (rs checks epsilon / record_epsilon / gamma in _plan_rs, also when disabled)
+        sec = getattr(config, section)
+        if sec.epsilon is not None and sec.record_epsilon is not None:
+            _split(section, sec.epsilon, sec.record_epsilon, len(sec.attributes or ()))  # raises, naming both
+    m = config.mixing
+    if isinstance(m.records, bool) or not isinstance(m.records, int) or m.records < 1:
+        raise _err("mixing.records", "an integer >= 1 (records per window of side copies)", m.records)
+    if isinstance(m.seconds, bool) or not isinstance(m.seconds, int | float) or not 0 < m.seconds <= 86_400:
+        raise _err("mixing.seconds", "a number of seconds in (0, 86400]", m.seconds)
     if config.out_of_domain not in OUT_OF_DOMAIN_MODES:
         raise _err("out_of_domain", " or ".join(repr(m) for m in OUT_OF_DOMAIN_MODES), config.out_of_domain)
     for name in ("pseudonyms", "allow_seeded_noise", "truth", "dead_letter"):
@@ -431,6 +475,11 @@ def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[Ca
 
 
 def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
+    given = [name for name, v in (("rs.epsilon", r.epsilon), ("rs.record_epsilon", r.record_epsilon),
+                                  ("rs.gamma", r.gamma)) if v is not None]
+    if len(given) > 1:
+        raise _err(given[-1], f"null when {given[0]} is set (give one of rs.epsilon, rs.record_epsilon, rs.gamma: "
+                   f"the exact eps of the resulting gamma is what is stated)", getattr(r, given[-1].split(".")[1]))
     attributes = _names(r.attributes)
     if not (r.enabled and attributes):
         return []
@@ -438,14 +487,8 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
         raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
     if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
         raise _err("rs.l", "an integer >= 1", r.l)
-    given = [name for name, v in (("rs.epsilon", r.epsilon), ("rs.record_epsilon", r.record_epsilon),
-                                  ("rs.gamma", r.gamma)) if v is not None]
-    if len(given) > 1:
-        raise _err(given[-1], f"null when {given[0]} is set (give one of rs.epsilon, rs.record_epsilon, rs.gamma: "
-                   f"the exact eps of the resulting gamma is what is stated)", getattr(r, given[-1].split(".")[1]))
     gamma_fixed = None if r.gamma is None else _positive("rs.gamma", r.gamma)
-    eps_target = 0.0 if gamma_fixed is not None else _split(
-        "rs", r.epsilon if r.epsilon is not None else DEFAULT_EPSILON, r.record_epsilon, len(attributes))
+    eps_target = 0.0 if gamma_fixed is not None else _split("rs", r.epsilon, r.record_epsilon, len(attributes))
     name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
     out = []
     for a in attributes:

@@ -68,11 +68,24 @@ def _stop_side_on(stop_event: threading.Event, side: SidePaths) -> None:
     side.request_stop()
 
 
+def _stop_on_side_refusal(stop_event: threading.Event, side: SidePaths, refused: list[int]) -> None:
+    """The side paths refused to start (exit 2: their budget is missing or stale, docs/side-paths.md): stop the
+    service too, so that ``stream-anon run`` ends with exit 2 instead of running without its side outputs."""
+    while not stop_event.wait(0.25):
+        if side.refused():
+            refused.append(2)
+            log.info("stopping: the side paths refused to start (their error above says why); exit code 2")
+            stop_event.set()
+        elif not side.alive:
+            return
+
+
 def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
-                registry: CollectorRegistry | None = None) -> int:
+                registry: CollectorRegistry | None = None, new_budget: bool = False) -> int:
     """``stream-anon run``: the main path (and, when enabled, the side paths: :mod:`stream_anon.runtime.supervisor`),
     with an embedded broker when no ``kafka.bootstrap_servers`` is configured.  The release secret is resolved
-    once, here, and handed to every process.  Returns the exit code."""
+    once, here, and handed to every process.  ``new_budget``: the side paths start a new budget generation
+    (``--new-budget``).  Returns the exit code (2 when the side paths refused their budget at start)."""
     stop_event = stop_event or threading.Event()
     cfg = without_idle_side_paths(cfg)
     registry = registry or CollectorRegistry()
@@ -91,9 +104,13 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     main: MainPath | None = None
     try:
         start_metrics(cfg, registry, heartbeat)
-        side = SidePaths(cfg, metrics, stop_event)
+        side = SidePaths(cfg, metrics, stop_event, new_budget=new_budget)
         # a stop reaches the side-path process at once: both stop in parallel (each bounded), the broker last
         threading.Thread(target=_stop_side_on, args=(stop_event, side), name="side-stop", daemon=True).start()
+        refused: list[int] = []
+        if side.mode != "off":
+            threading.Thread(target=_stop_on_side_refusal, args=(stop_event, side, refused), name="side-refusal",
+                             daemon=True).start()
         try:
             main = MainPath(cfg, metrics=metrics, stop_event=stop_event, secret_generated=secret.generated,
                             heartbeat=heartbeat)
@@ -103,7 +120,7 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
             side.stop()
             if side.mode == "process":
                 log.info("side-path process stopped")
-        return rc
+        return 2 if refused else rc
     finally:
         if broker is not None:
             broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)

@@ -69,7 +69,8 @@ class SideReport:
 class SidePaths:
     """The LDP side paths started next to the main path (see the module docstring)."""
 
-    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> None:
+    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event, *,
+                 new_budget: bool = False) -> None:
         self.cfg = cfg
         self.mode = cfg.service.side_paths_mode if cfg.side_paths.enabled else "off"
         self.status: SideStatus | None = None
@@ -79,20 +80,22 @@ class SidePaths:
         self._summary: dict[str, Any] | None = None
         self._asked = False
         self._stop_sent: float | None = None  # monotonic time of the stop request
+        self._recv_lock = threading.Lock()  # the refusal watcher and stop() both read the pipe
         self.exit_code: int | None = None
         if self.mode == "thread":
             status = self.status = SideStatus()
 
             def run() -> None:
-                self.exit_code = run_side_paths(cfg, metrics, stop_event, status=status)
+                self.exit_code = run_side_paths(cfg, metrics, stop_event, status=status, new_budget=new_budget)
 
             self._thread = threading.Thread(target=run, name="side-paths")
             self._thread.start()
         elif self.mode == "process":
             ctx = mp.get_context("spawn")
             self._conn, child_end = ctx.Pipe(duplex=True)
-            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end, logging.getLogger().getEffectiveLevel()), name="stream-anon-side-paths",
-                                        daemon=False)
+            self._process = ctx.Process(target=side_process_main,
+                                        args=(cfg, child_end, logging.getLogger().getEffectiveLevel(), new_budget),
+                                        name="stream-anon-side-paths", daemon=False)
             self._process.start()
             child_end.close()
             log.info("side paths started in process %d (metrics port %s)", self._process.pid,
@@ -113,8 +116,13 @@ class SidePaths:
         return self._summary
 
     def _drain(self) -> None:
+        with self._recv_lock:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
         conn = self._conn
-        assert conn is not None
+        if conn is None:  # closed by stop()
+            return
         try:
             while conn.poll():
                 report: SideReport = conn.recv()
@@ -124,6 +132,13 @@ class SidePaths:
                     self.exit_code = report.exit_code
         except (EOFError, OSError):
             pass
+
+    def refused(self) -> bool:
+        """True once the side paths ended with exit code 2 (their budget or configuration was refused at start)
+        before any stop was asked (process mode: learnt from the child's final report)."""
+        if self._conn is not None and self._stop_sent is None:
+            self._drain()
+        return self.exit_code == 2 and self._stop_sent is None and not self.alive
 
     @property
     def alive(self) -> bool:
@@ -162,12 +177,13 @@ class SidePaths:
                 log.warning("side-path process %d did not stop within %.0f s: killing it", proc.pid, timeout)
                 proc.kill()
                 proc.join(5)
-            conn.close()
-            self._conn = None
+            with self._recv_lock:
+                conn.close()
+                self._conn = None
         return self.progress()
 
 
-def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.INFO) -> None:
+def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.INFO, new_budget: bool = False) -> None:
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
     ``conn``; logging at the service's ``log_level``."""
     parent = mp.parent_process()
@@ -188,7 +204,8 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
         except OSError as e:
             log.warning("side-path metrics endpoint not started: %s", e)
     exit_code: list[int] = []
-    th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status)),
+    th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status,
+                                                                         new_budget=new_budget)),
                           name="side-paths")
     th.start()
     while th.is_alive():
