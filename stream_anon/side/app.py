@@ -311,6 +311,9 @@ class SidePathApp:
         try:
             rc = self._start()
         except BrokerUnavailableError as e:
+            if self.stop_event.is_set():  # told to stop while still connecting: a clean stop, nothing was read
+                log.info("side paths: stopped before they started (%s)", e)
+                return self._failed_start(None, 0)
             return self._failed_start(str(e), 3)
         except Exception as e:  # a thread's top: never die silently (the main path goes on without side paths)
             log.exception("side paths: start failed")
@@ -376,8 +379,9 @@ class SidePathApp:
             parts.append(f"; next k-means window id {b.next_window}")
         return "".join(parts)
 
-    def _failed_start(self, error: str, rc: int) -> int:
-        log.error("side paths: %s", error)
+    def _failed_start(self, error: str | None, rc: int) -> int:
+        if error is not None:
+            log.error("side paths: %s", error)
         if self._producer is not None:
             self._producer.close(0.0)
             self._producer = None
