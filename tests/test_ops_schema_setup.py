@@ -164,7 +164,8 @@ def test_a_user_schema_end_to_end_through_run_audit_verify_report(tmp_path: Path
     side = {"visits.krr", "visits.blap", "visits.estimates", "visits.kmeans"}
     assert main | side <= topics and not {t for t in topics if t.startswith("adult.")}, topics
     assert "visits.rs" not in topics  # the schema declares no rs attribute: no rs path, no topic
-    assert "exact eps per record: visits.krr 1, visits.blap 2; k-means window 1; all side outputs 4" in log
+    assert ("each record spends 2.9 over all side outputs (exact eps per topic visits.krr 1.4, visits.blap 1.1, "
+            "k-means window 0.4)") in log
     assert not KAFKA_LOGGER_LINE.search(log) and "Traceback" not in log
     final = run.text().strip().splitlines()[-1]
     assert re.fullmatch(r"stream-anon run: stopped: consumed 3,000, released ([\d,]+), suppressed ([\d,]+), "
