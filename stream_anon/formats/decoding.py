@@ -46,7 +46,8 @@ MAX_FIELD_CHARS = 200
 """Longest ``DeadLetter.field`` (a field name taken from the input is cut beyond this, marked ``...``)."""
 
 DLQ_REASON_MEANINGS: dict[str, str] = {
-    "oversized": "the message is longer than service.max_message_bytes (checked before anything else)",
+    "oversized": "the message is longer than service.max_message_bytes (checked before anything else), or too "
+                 "large for the consumer to receive at all (kafka.receive_max_bytes: only its position is known)",
     "empty": "no value: a tombstone (null value) or zero bytes",
     "malformed_json": "not UTF-8 text (a UTF-16/32 encoding included), or not one JSON value: syntax error, "
                       "truncated, trailing data",

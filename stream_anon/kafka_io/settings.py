@@ -14,6 +14,8 @@ from typing import Any
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 """The producer's client libraries (``kafka.producer_client``)."""
+CONSUMER_CLIENTS = ("confluent-kafka", "kafka-python")
+"""The group consumer's client libraries (``kafka.consumer_client``): the main path's and the side paths'."""
 
 COMPACTED_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
 """Topic configuration of a compacted topic (the ledger: docs/threat-model.md, "Bounded growth")."""
@@ -45,6 +47,7 @@ class KafkaSettings:
     fetch_max_bytes: int = 52428800
     fetch_max_wait_ms: int = 100
     max_partition_fetch_bytes: int = 1048576
+    receive_max_bytes: int = 100000000  # the largest fetch response a consumer accepts (kafka.consumer_client's)
     linger_ms: int = 20
     batch_size: int = 262144
     compression_type: str | None = None
@@ -55,6 +58,7 @@ class KafkaSettings:
     startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
     retry_backoff_max_seconds: float = 30.0
     producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
+    consumer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the group consumers' client library
 
     def security_options(self) -> dict[str, Any]:
         """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""

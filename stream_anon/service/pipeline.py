@@ -53,6 +53,9 @@ REASON_INTERNAL_ERROR = "internal_error"
 log and, with ``dlq.payload: raw``, in the dead letter's ``error``."""
 REASON_CORRUPT_RECORD = "corrupt_record"
 """The Kafka client could not read the record (e.g. a header key that is not UTF-8): only its position is known."""
+REASON_OVERSIZED = "oversized"
+"""The message is longer than ``service.max_message_bytes`` (the decoder's reason), or too large for the consumer to
+receive at all (``kafka.receive_max_bytes``): then only its position is known."""
 REASON_CONTROL_ON_RECORD = "control_header_on_record"
 """A message with a value carries the control header: a flush marker has no value, so it is not a flush."""
 REASON_UNKNOWN_CONTROL = "unknown_control"
@@ -68,7 +71,8 @@ MAX_DEAD_HELD = 10_000
 @dataclass(frozen=True)
 class InputMessage:
     """One consumed input message (what the Kafka layer hands the pipeline).  ``corrupt``: the client could not
-    read the record at ``offset`` (its error text); value, key and headers are then unknown."""
+    read the record at ``offset`` (its error text; the dead-letter reason is ``unreadable_reason``); value, key and
+    headers are then unknown."""
 
     offset: int
     value: bytes | None
@@ -76,6 +80,7 @@ class InputMessage:
     headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp_ms: int | None = None
     corrupt: str | None = None
+    unreadable_reason: str = REASON_CORRUPT_RECORD  # or REASON_OVERSIZED
 
 
 @dataclass
@@ -276,7 +281,7 @@ class PartitionPipeline:
         """The record of ``m``, or :data:`_FLUSH` for an end-of-stream marker, or None when ``m`` was
         dead-lettered (the entry is in ``out``)."""
         if m.corrupt is not None:
-            self._dead_letter(m, DeadLetter(REASON_CORRUPT_RECORD, m.corrupt), out, stats)
+            self._dead_letter(m, DeadLetter(m.unreadable_reason, m.corrupt), out, stats)
             return None
         if control:
             value = _control_value(m.headers)
