@@ -185,7 +185,7 @@ class ConfluentPoller:
         try:
             if self.search.armed:
                 return self._search(on_unreadable)
-            msgs = self.consumer.consume(self.max_records, timeout_ms / 1000.0)
+            msgs = self._consume(timeout_ms / 1000.0)
         finally:
             deferred, self._deferred = self._deferred, None
             if deferred is not None:
@@ -221,6 +221,17 @@ class ConfluentPoller:
         if self.failures is not None:
             self.failures.succeeded()
         return out
+
+    def _consume(self, timeout_s: float) -> list[confluent_kafka.Message]:
+        """What is there, up to ``max_records``, waiting at most ``timeout_s`` for the first message only
+        (librdkafka's ``consume(n, timeout)`` waits until it has ``n`` messages or the timeout passed)."""
+        msgs = self.consumer.consume(self.max_records, 0)
+        if msgs or timeout_s <= 0:
+            return msgs
+        first = self.consumer.poll(timeout_s)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(self.max_records - 1, 0)]
 
     def _unreadable(self, partition: int, offset: int, error: str, on_unreadable: Unreadable,
                     out: dict[int, list[Any]]) -> bool:
