@@ -63,17 +63,22 @@ def cpu_seconds() -> float:
     """CPU seconds of this process (every thread: librdkafka's too) and of its live child processes (the pipeline
     worker): with the wall-clock rate, how much of the machine a run took (on a loaded machine the wall-clock rates
     fall, the CPU per record much less)."""
+    return sum(cpu_split())
+
+
+def cpu_split() -> tuple[float, float]:
+    """(this process, its live child processes) CPU seconds."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    total = own.ru_utime + own.ru_stime
+    children = 0.0
     tick = os.sysconf("SC_CLK_TCK")
     for child in multiprocessing.active_children():
         try:
             with open(f"/proc/{child.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            children += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return own.ru_utime + own.ru_stime, children
 
 
 def _metered(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -219,11 +224,11 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
     t = main.totals
     deadline = time.monotonic() + timeout_s
     t0: float | None = None
-    cpu0 = 0.0
+    cpu0 = (0.0, 0.0)
     while True:
         if t0 is None and t.consumed > 0:
             t0 = time.perf_counter()
-            cpu0 = cpu_seconds()  # (the worker's start-up is not counted, nor the first batch: as the time)
+            cpu0 = cpu_split()  # (the worker's start-up is not counted, nor the first batch: as the time)
         done = t.released + t.suppressed + t.dead_lettered
         if done >= n and main.states and all(p.buffered == 0 and main.committed.get(i) == p.next_offset
                                              for i, p in main.states.items()):
@@ -232,11 +237,13 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
             raise RuntimeError(f"main path did not finish: {t}")
         time.sleep(0.002)
     seconds = time.perf_counter() - (t0 or time.perf_counter())
-    cpu = cpu_seconds() - cpu0
+    cpu1 = cpu_split()
     main.stop_event.set()
     th.join(30)
+    per = 1e6 / max(1, done)
     return {"records": done, "seconds": seconds, "records_per_second": done / seconds if seconds else 0.0,
-            "cpu_us_per_record": cpu / max(1, done) * 1e6,
+            "cpu_us_per_record": (sum(cpu1) - sum(cpu0)) * per, "cpu_us_main_process": (cpu1[0] - cpu0[0]) * per,
+            "cpu_us_workers": (cpu1[1] - cpu0[1]) * per,
             "released": t.released, "suppressed": t.suppressed, "gt_loss": t.gt_loss, "classes": t.classes}
 
 
@@ -282,6 +289,7 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
                   f"workers={rcfg.service.workers}, consumer {rcfg.kafka.consumer_client}, producer "
                   f"{rcfg.kafka.producer_client}): {mp['records']:,} records in {mp['seconds']:.2f} s = "
                   f"{mp['records_per_second']:,.0f} records/s, {mp['cpu_us_per_record']:.1f} CPU us/record "
+                  f"(main process {mp['cpu_us_main_process']:.1f}, pipeline workers {mp['cpu_us_workers']:.1f}) "
                   f"(released {mp['released']:,}, suppressed "
                   f"{mp['suppressed']:,}, GT loss {mp['gt_loss']:.4f}); / passthrough "
                   + ", ".join(f"{c} {r:.2f}" for c, r in ratios.items()))
