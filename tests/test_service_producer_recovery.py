@@ -28,11 +28,11 @@ from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io import consumers as consumers_module
 from stream_anon.kafka_io import producer as producer_module
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
 from stream_anon.metrics.definitions import ServiceMetrics
-from stream_anon.kafka_io import consumers as consumers_module
 from stream_anon.service.app import PRODUCER_RECREATIONS_MAX, MainPath
 from stream_anon.service.audit import OutputSnapshot, collect_outputs, partition_ends, send_flush_markers
 

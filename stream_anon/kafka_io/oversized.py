@@ -34,7 +34,12 @@ import confluent_kafka
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from stream_anon.kafka_io.clients import client_options, fetch_limits, librdkafka_client_config
+from stream_anon.kafka_io.clients import (
+    client_options,
+    fetch_limits,
+    librdkafka_client_config,
+    no_auto_create,
+)
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -126,7 +131,7 @@ def unreceivable(kafka: KafkaSettings, topic: str, partition: int, offset: int,
             "enable.auto.commit": False, "fetch.max.bytes": 1000, "max.partition.fetch.bytes": 1,
             "message.max.bytes": 1000, "receive.message.max.bytes": kafka.receive_max_bytes,
             "fetch.wait.max.ms": 50, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
-            "isolation.level": "read_uncommitted", "error_cb": errors.append,
+            "isolation.level": "read_uncommitted", "allow.auto.create.topics": False, "error_cb": errors.append,
             "logger": logging.getLogger("librdkafka.consumer")}
     c = confluent_kafka.Consumer(conf)
     try:
@@ -155,8 +160,8 @@ class BatchReader:
     def __init__(self, kafka: KafkaSettings) -> None:
         options = {**client_options(kafka), **fetch_limits(kafka), "fetch_max_bytes": 1,
                    "max_partition_fetch_bytes": 1}
-        self.consumer = KafkaConsumer(**options, group_id=None, enable_auto_commit=False,
-                                      auto_offset_reset="earliest", fetch_max_wait_ms=20)
+        self.consumer = no_auto_create(KafkaConsumer(**options, group_id=None, enable_auto_commit=False,
+                                                     auto_offset_reset="earliest", fetch_max_wait_ms=20))
         self._tp: TopicPartition | None = None
 
     def start(self, topic: str, partition: int, offset: int) -> None:
