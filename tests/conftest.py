@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stream_anon.kafka_io.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
+from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 
 pytest_plugins = ["apache_kafka_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
 
@@ -46,3 +47,9 @@ def durable_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         pytest.fail(str(e))
     with EmbeddedBroker(storage="s3", data_dir=tmp_path / "s3", log_path=tmp_path / "tansu.log") as b:
         yield b
+
+
+@pytest.fixture(params=CONSUMER_CLIENTS)
+def consumer_client(request: pytest.FixtureRequest) -> str:
+    """``kafka.consumer_client`` for a test that runs with each client library (same assertions)."""
+    return str(request.param)

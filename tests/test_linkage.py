@@ -35,6 +35,7 @@ from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.runtime.run import run_service
 from stream_anon.service.audit import (
@@ -70,8 +71,8 @@ def committed(consumer: KafkaConsumer, topic: str) -> dict[int, int]:
     return {p: int(consumer.committed(TopicPartition(topic, p)) or 0) for p in range(PARTITIONS)}
 
 
-@pytest.fixture(scope="module")
-def run(broker: Any, adult_path: Path) -> Iterator[Run]:
+@pytest.fixture(scope="module", params=CONSUMER_CLIENTS)
+def run(broker: Any, adult_path: Path, request: pytest.FixtureRequest) -> Iterator[Run]:
     bs = broker.bootstrap_servers
     prefix = f"link{uuid.uuid4().hex[:6]}"
     topics = {r: f"{prefix}.{r}" for r in ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")}
@@ -79,7 +80,7 @@ def run(broker: Any, adult_path: Path) -> Iterator[Run]:
         "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", **{f"topics.{r}": t for r, t in topics.items()},
         "topics.partitions": PARTITIONS, "anonymization.seed": 17, "service.metrics_port": 0,
-        "service.side_metrics_port": 0, "service.commit_interval_ms": 250})
+        "service.side_metrics_port": 0, "service.commit_interval_ms": 250, "kafka.consumer_client": request.param})
     assert cfg.anonymization.k == K and cfg.anonymization.l == L and cfg.anonymization.zeta == 0  # the defaults
     adult = read_adult(adult_path)
     rng = random.Random(20261124)

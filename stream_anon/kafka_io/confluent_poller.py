@@ -121,6 +121,7 @@ class ConfluentPoller:
         self._fatal: KafkaError | None = None
         self._pending: deque[tuple[dict[int, int], CommitDone]] = deque()  # asynchronous commits not answered
         self._assigned: set[int] = set()
+        self._next: dict[int, int] = {}  # partition -> the offset after the last record handed out (or sought to)
         self._lines = RepeatedLines(log)
         lib_log = logging.getLogger("librdkafka.consumer")
         self.consumer = Consumer({**consumer_config(kafka, group_id=group_id), "error_cb": self._on_error,
@@ -171,6 +172,8 @@ class ConfluentPoller:
                 self._run_callback(on_revoked, parts)
             self._assigned -= set(parts)
             self.search.forget(parts)
+            for p in parts:
+                self._next.pop(p, None)
 
         self.consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
@@ -218,6 +221,8 @@ class ConfluentPoller:
                 out[p] = [rec]
             else:
                 recs.append(rec)
+        for p, recs in out.items():
+            self._next[p] = recs[-1].offset + 1
         if self.failures is not None:
             self.failures.succeeded()
         return out
@@ -243,7 +248,10 @@ class ConfluentPoller:
         if out.get(partition):
             self.seek(partition, offset)
             return True
-        return not on_unreadable(partition, offset, REASON_CORRUPT, " ".join(error.split())[:500])
+        if on_unreadable(partition, offset, REASON_CORRUPT, " ".join(error.split())[:500]):
+            self._next[partition] = offset + 1
+            return False
+        return True
 
     def _search(self, on_unreadable: Unreadable) -> dict[int, list[Any]]:
         """A fetch response was too large: read the assigned partitions past what hides there (see
@@ -255,13 +263,10 @@ class ConfluentPoller:
         return found.records
 
     def _position(self, partition: int) -> int | None:
-        """Where the consumer reads ``partition`` next (None: not known yet)."""
-        try:
-            pos = self.consumer.position([self._tp(partition)])[0].offset
-        except KafkaException:
-            return None
-        if pos >= 0:
-            return int(pos)
+        """Where the caller reads ``partition`` next (None: not known yet): after the last record handed out or
+        the last seek; before any, the group's committed offset or the partition's first offset."""
+        if partition in self._next:
+            return self._next[partition]
         timeout_ms = min(self.kafka.request_timeout_ms, 5000)
         try:
             committed = self.committed(partition, timeout_ms)
@@ -282,6 +287,7 @@ class ConfluentPoller:
         while True:
             try:
                 self.consumer.seek(self._tp(partition, offset))
+                self._next[partition] = offset
                 return
             except KafkaException as e:
                 err = e.args[0] if e.args else None

@@ -55,6 +55,13 @@ _TOO_LARGE = re.compile(r"Invalid response size (\d+)|Invalid frame length: (\d+
 Unreadable = Callable[[int, int, str, str], bool]
 
 
+def _response_size(text: str) -> int | None:
+    """The response size a client's refusal names (None: it names none)."""
+    m = _TOO_LARGE.search(text)
+    size = next((g for g in (m.groups() if m else ()) if g), None)
+    return None if size is None else int(size)
+
+
 def is_response_too_large(err: confluent_kafka.KafkaError) -> bool:
     """Whether a librdkafka error report is a fetch response over ``receive.message.max.bytes``."""
     return err.code() == confluent_kafka.KafkaError._BAD_MSG and _TOO_LARGE.search(err.str()) is not None
@@ -127,13 +134,7 @@ def unreceivable(kafka: KafkaSettings, topic: str, partition: int, offset: int,
     means the batch at ``offset`` or one just after it is too large: :class:`OversizeSearch` asks only after a
     fetch of exactly one batch at ``offset`` brought nothing)."""
     errors: list[confluent_kafka.KafkaError] = []
-    conf = {**librdkafka_client_config(kafka), "group.id": f"{kafka.group_id}.size-probe",
-            "enable.auto.commit": False, "fetch.max.bytes": 1000, "max.partition.fetch.bytes": 1,
-            "message.max.bytes": 1000, "receive.message.max.bytes": kafka.receive_max_bytes,
-            "fetch.wait.max.ms": 50, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
-            "isolation.level": "read_uncommitted", "allow.auto.create.topics": False, "error_cb": errors.append,
-            "logger": logging.getLogger("librdkafka.consumer")}
-    c = confluent_kafka.Consumer(conf)
+    c = _probe_consumer(kafka, errors)
     try:
         tp = confluent_kafka.TopicPartition(topic, partition, offset)
         c.assign([tp])
@@ -151,6 +152,47 @@ def unreceivable(kafka: KafkaSettings, topic: str, partition: int, offset: int,
         return None
     finally:
         c.close()
+
+
+def _probe_consumer(kafka: KafkaSettings, errors: list[confluent_kafka.KafkaError]) -> confluent_kafka.Consumer:
+    """A group-less librdkafka consumer whose fetches bring about one record batch (its smallest fetch), with the
+    service's receive limit; its client errors go to ``errors``."""
+    return confluent_kafka.Consumer({
+        **librdkafka_client_config(kafka), "group.id": f"{kafka.group_id}.size-probe", "enable.auto.commit": False,
+        "fetch.max.bytes": 1000, "max.partition.fetch.bytes": 1, "message.max.bytes": 1000,
+        "receive.message.max.bytes": kafka.receive_max_bytes, "fetch.wait.max.ms": 50, "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 500, "isolation.level": "read_uncommitted", "allow.auto.create.topics": False,
+        "error_cb": errors.append, "logger": logging.getLogger("librdkafka.consumer")})
+
+
+def highwater_past(kafka: KafkaSettings, topic: str, partition: int, start: int, *, timeout_s: float = 2.0,
+                   max_steps: int = 16) -> tuple[int | None, list[int]]:
+    """The end offset of ``topic[partition]`` from a fetch at ``start`` (about one record batch: a fetch answer
+    carries the partition's highwater), stepping past offsets whose batch is too large to receive; returns (the
+    highwater or None when no fetch was answered within ``timeout_s`` a step, the offsets stepped past).  What the
+    lag monitor reads when its own fetch does not answer: the lag then counts from the true end, whatever the
+    size of the records there."""
+    stepped: list[int] = []
+    offset = max(0, start)
+    for _ in range(max_steps):
+        errors: list[confluent_kafka.KafkaError] = []
+        c = _probe_consumer(kafka, errors)
+        try:
+            tp = confluent_kafka.TopicPartition(topic, partition, offset)
+            c.assign([tp])
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not any(is_response_too_large(e) for e in errors):
+                c.consume(1, 0.1)
+                _, hi = c.get_watermark_offsets(tp, cached=True)
+                if hi is not None and hi >= 0:  # a fetch was answered (with records or none)
+                    return int(hi), stepped
+            if not any(is_response_too_large(e) for e in errors):
+                return None, stepped
+        finally:
+            c.close()
+        stepped.append(offset)
+        offset += 1
+    return None, stepped
 
 
 class BatchReader:
@@ -261,12 +303,13 @@ class OversizeSearch:
                     continue
                 budget -= self._partition(topic, p, pos, budget, on_unreadable, found)
         finally:
-            if not found.records and not found.next_offsets:
-                self._nothing.warning("a fetch response was larger than kafka.receive_max_bytes (%s bytes) but no "
-                                      "record batch at the consumer's positions is (%s): a fetch of many partitions "
-                                      "at once may exceed it (raise kafka.receive_max_bytes or lower "
-                                      "kafka.fetch_max_bytes)", f"{self.kafka.receive_max_bytes:,}",
-                                      self._detail[:200], key="nothing")
+            if not found.records and not found.next_offsets and any(pos is not None for pos in positions.values()):
+                size = _response_size(self._detail)
+                self._nothing.warning("a fetch response of %s bytes was larger than kafka.receive_max_bytes (%s) but "
+                                      "no record batch at the consumer's positions is: a fetch of many partitions at "
+                                      "once may exceed it (raise kafka.receive_max_bytes or lower "
+                                      "kafka.fetch_max_bytes)", "?" if size is None else f"{size:,}",
+                                      f"{self.kafka.receive_max_bytes:,}", key="nothing")
             if not self._verdicts:  # (a verdict waits for the records before it: the next run hands it out)
                 self._armed.clear()
         return found
@@ -298,13 +341,12 @@ class OversizeSearch:
 
     def _hand_out(self, topic: str, p: int, offset: int, detail: str, on_unreadable: Unreadable,
                   found: Found) -> None:
-        m = _TOO_LARGE.search(detail)
-        size = next((g for g in (m.groups() if m else ()) if g), None)
-        error = (f"a fetch of the record batch at this offset is {int(size):,} bytes, over kafka.receive_max_bytes "
+        size = _response_size(detail)
+        error = (f"a fetch of the record batch at this offset is {size:,} bytes, over kafka.receive_max_bytes "
                  f"({self.kafka.receive_max_bytes:,}): the consumer cannot receive it" if size is not None else
                  f"the consumer cannot receive the record batch at this offset ({detail[:200]})")
-        log.warning("%s[%d]: the message at offset %d is larger than the consumer can receive (%s): dead-lettered "
-                    "as %s by its position, the partition goes on", topic, p, offset, error, REASON_OVERSIZED)
+        log.info("%s[%d]: the message at offset %d is larger than the consumer can receive (%s): handed out by its "
+                 "position as %s, the partition goes on", topic, p, offset, error, REASON_OVERSIZED)
         if on_unreadable(p, offset, REASON_OVERSIZED, error):
             found.next_offsets[p] = offset + 1
             self.found += 1
