@@ -21,6 +21,8 @@ What it does for its callers, as :class:`~stream_anon.kafka_io.poller.GroupPolle
 * **Commits** with optional metadata per partition: synchronous (bounded by ``timeout_s``: a commit not answered in
   time raises :class:`~stream_anon.kafka_io.errors.CommitFailedError`, as a failed one does) or asynchronous (the
   answer is matched to its request by offsets and handed to ``done`` inside a later ``poll`` or ``close``).
+  confluent-kafka 2.16 writes the metadata with its C string's terminating NUL byte: a reader strips it (Tansu
+  keeps no metadata at all).
 * **Failures**: a fatal client error (e.g. a static member fenced by another with the same
   ``kafka.group_instance_id``) raises :class:`~stream_anon.kafka_io.errors.ConsumerFailedError` (exit 1: a
   supervisor starts a fresh member); other client errors are librdkafka's to retry (logged once a minute each).
