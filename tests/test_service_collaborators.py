@@ -158,7 +158,7 @@ class Reader:
 def test_the_poller_returns_its_topics_records_by_partition() -> None:
     c = Consumer([{TopicPartition(TOPIC, 1): [Record(3)], TopicPartition("other", 0): [Record(1)]}])
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader(set()))  # type: ignore[arg-type]
-    batch = poller.poll(0, lambda p, o, e: True)
+    batch = poller.poll(0, lambda p, o, r, e: True)
     assert list(batch) == [1] and batch[1][0].offset == 3
 
 
@@ -167,19 +167,19 @@ def test_an_unreadable_record_is_handed_to_the_caller_and_skipped() -> None:
     c = Consumer([CorruptRecordError("bad header key"), CorruptRecordError("elsewhere")], {0: 4, 1: 7})
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: reader)  # type: ignore[arg-type]
     taken: list[tuple[int, int, str]] = []
-    assert poller.poll(0, lambda p, o, e: taken.append((p, o, e)) is None) == {}
+    assert poller.poll(0, lambda p, o, r, e: taken.append((p, o, e)) is None) == {}
     assert [(p, o) for p, o, _ in taken] == [(1, 7)] and taken[0][2].endswith("CorruptRecordError: bad header key")
     assert c.seeks == [(TopicPartition(TOPIC, 1), 8)]  # past it
     assert reader.closed
     reader.unreadable.clear()  # nothing unreadable found: the error is raised
     with pytest.raises(CorruptRecordError):
-        poller.poll(0, lambda p, o, e: True)
+        poller.poll(0, lambda p, o, r, e: True)
 
 
 def test_a_record_the_caller_does_not_take_is_not_skipped() -> None:
     c = Consumer([CorruptRecordError("x")], {0: 2})
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader({(0, 2)}))  # type: ignore[arg-type]
-    poller.poll(0, lambda p, o, e: False)
+    poller.poll(0, lambda p, o, r, e: False)
     assert c.seeks == []
 
 
@@ -189,17 +189,17 @@ def test_failing_polls_end_the_run_only_while_the_broker_answers() -> None:
     c = Consumer([*fenced, {}])
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader(set()),  # type: ignore[arg-type]
                          failures=FailingPolls(0.0, lambda: answers[0], pause_s=0.0))
-    assert poller.poll(0, lambda p, o, e: True) == {}  # first failure: within the bound
-    assert poller.poll(0, lambda p, o, e: True) == {}  # over the bound, but the broker does not answer
+    assert poller.poll(0, lambda p, o, r, e: True) == {}  # first failure: within the bound
+    assert poller.poll(0, lambda p, o, r, e: True) == {}  # over the bound, but the broker does not answer
     answers[0] = True
     with pytest.raises(ConsumerFailedError, match="polls failed for"):
-        poller.poll(0, lambda p, o, e: True)
-    assert poller.poll(0, lambda p, o, e: True) == {} and poller.failures is not None
+        poller.poll(0, lambda p, o, r, e: True)
+    assert poller.poll(0, lambda p, o, r, e: True) == {} and poller.failures is not None
     assert poller.failures.failing_since is None  # a good poll ends the row
     no_policy = GroupPoller(Consumer([FencedInstanceIdError("f")]), TOPIC, max_records=1,  # type: ignore[arg-type]
                             reader=lambda: Reader(set()))
     with pytest.raises(FencedInstanceIdError):
-        no_policy.poll(0, lambda p, o, e: True)
+        no_policy.poll(0, lambda p, o, r, e: True)
 
 
 def test_what_a_rebalance_callback_raises_is_raised_after_the_poll() -> None:
@@ -214,7 +214,7 @@ def test_what_a_rebalance_callback_raises_is_raised_after_the_poll() -> None:
     poller.subscribe(on_assigned=lambda ps: None, on_revoked=on_revoked)
     c.script.append(lambda: c.listener.on_partitions_revoked({TopicPartition(TOPIC, 1), TopicPartition("x", 0)}))
     with pytest.raises(RuntimeError, match="revoke failed"):
-        poller.poll(0, lambda p, o, e: True)
+        poller.poll(0, lambda p, o, r, e: True)
     assert revoked == [[1]]
 
 

@@ -116,9 +116,10 @@ def broker_pid(service: int) -> int:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("broker_state", ["up", "frozen"])
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
-def test_stop_is_fast_and_clean(adult_path: Path, tmp_path: Path, how: str, broker_state: str) -> None:
+def test_stop_is_fast_and_clean(adult_path: Path, tmp_path: Path, how: str, broker_state: str,
+                                consumer_client: str) -> None:
     log = tmp_path / "run.log"
-    proc = start_run(log, ["--set", "service.workers=1"])
+    proc = start_run(log, ["--set", "service.workers=1", "--set", f"kafka.consumer_client={consumer_client}"])
     try:
         bs = embedded_bootstrap(log, proc)
         tree = descendants(proc.pid)

@@ -40,6 +40,7 @@ from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
 from stream_anon.kafka_io.settings import (
+    CONSUMER_CLIENTS,
     PRODUCER_CLIENTS,
     BootstrapAddressError,
     KafkaSettings,
@@ -297,6 +298,8 @@ class Config:
             ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
             ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),
              k.producer_client),
+            ("kafka.consumer_client", k.consumer_client in CONSUMER_CLIENTS, " or ".join(CONSUMER_CLIENTS),
+             k.consumer_client),
         ]
         for name, ok, allowed, value in checks:
             if not ok:

@@ -41,7 +41,13 @@ import kafka.errors as kafka_errors
 from kafka import KafkaProducer
 
 from stream_anon.formats.messages import Delivery, OutputMessage
-from stream_anon.kafka_io.clients import backoff_delays, client_options, no_auto_create, retry
+from stream_anon.kafka_io.clients import (
+    backoff_delays,
+    client_options,
+    librdkafka_client_config,
+    no_auto_create,
+    retry,
+)
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     MessageRejectedError,
@@ -284,29 +290,16 @@ class ConfluentTransport:
 def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
     """The librdkafka properties of the ``kafka`` options (security options translated)."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": k.bootstrap_servers, "client.id": k.client_id, "acks": "all",
+        **librdkafka_client_config(k), "acks": "all",
         "enable.idempotence": k.enable_idempotence, "linger.ms": k.linger_ms, "batch.size": k.batch_size,
         "message.max.bytes": k.max_request_size, "request.timeout.ms": k.request_timeout_ms,
-        "socket.connection.setup.timeout.ms": max(1000, k.connect_timeout_ms),
         "queue.buffering.max.messages": 1_000_000,
-        "security.protocol": k.security_protocol.lower(),
         "allow.auto.create.topics": False,  # a topic that is gone stays gone until the broker guard sees it
     }
     if not k.enable_idempotence:
         conf["max.in.flight.requests.per.connection"] = 1  # keep each partition's order across retries
     if k.compression_type:
         conf["compression.type"] = k.compression_type
-    translated = {"sasl_mechanism": "sasl.mechanism", "sasl_plain_username": "sasl.username",
-                  "sasl_plain_password": "sasl.password", "sasl_kerberos_service_name": "sasl.kerberos.service.name",
-                  "ssl_cafile": "ssl.ca.location", "ssl_certfile": "ssl.certificate.location",
-                  "ssl_keyfile": "ssl.key.location", "ssl_password": "ssl.key.password",
-                  "ssl_crlfile": "ssl.crl.location"}
-    for option, prop in translated.items():
-        value = getattr(k, option)
-        if value is not None:
-            conf[prop] = value
-    if k.security_protocol in ("SSL", "SASL_SSL"):
-        conf["ssl.endpoint.identification.algorithm"] = "https" if k.ssl_check_hostname else "none"
     return conf
 
 

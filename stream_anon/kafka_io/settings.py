@@ -15,6 +15,8 @@ from typing import Any
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 """The producer's client libraries (``kafka.producer_client``)."""
+CONSUMER_CLIENTS = ("confluent-kafka", "kafka-python")
+"""The group consumer's client libraries (``kafka.consumer_client``): the main path's and the side paths'."""
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?")
 _FORMAT = "HOST:PORT[,HOST:PORT...] (a port 1-65535; IPv6 as [ADDRESS]:PORT)"
@@ -77,6 +79,7 @@ class KafkaSettings:
     fetch_max_bytes: int = 52428800
     fetch_max_wait_ms: int = 100
     max_partition_fetch_bytes: int = 1048576
+    receive_max_bytes: int = 100000000  # the largest fetch response a consumer accepts (kafka.consumer_client's)
     linger_ms: int = 20
     batch_size: int = 262144
     compression_type: str | None = None
@@ -87,6 +90,7 @@ class KafkaSettings:
     startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
     retry_backoff_max_seconds: float = 30.0
     producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
+    consumer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the group consumers' client library
 
     def security_options(self) -> dict[str, Any]:
         """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""

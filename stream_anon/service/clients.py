@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_anon.config.settings import Config
-from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.clients import prepare_topics, retry
+from stream_anon.kafka_io.consumers import open_poller
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
+from stream_anon.kafka_io.poller import FailingPolls, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
@@ -103,9 +104,8 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     stack.callback(guard.close)
     retry("topic metadata", guard.start, k, stop=stopping)
     reader_kafka = dataclasses.replace(k, request_timeout_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
-    consumer = retry("consumer", lambda: make_consumer(k, group_id=k.group_id), k, stop=stopping)
-    poller = GroupPoller(consumer, topics.input, max_records=k.max_poll_records,
-                         reader=lambda: PartitionReader(reader_kafka))
+    poller = retry("consumer", lambda: open_poller(k, topics.input, group_id=k.group_id,
+                                                   reader=lambda: PartitionReader(reader_kafka)), k, stop=stopping)
     stack.callback(lambda: poller.close(closing.consumer_seconds))
     reader = retry("recovery reader", lambda: PartitionReader(reader_kafka), k, stop=stopping)
     stack.callback(reader.close)

@@ -10,7 +10,10 @@
   highwater comes with a fetch answer (``KafkaConsumer.highwater()`` after a poll); ``end_offsets()`` is wrong on
   Tansu (measured: 102 for a partition holding 150 records) and ``KafkaAdminClient`` has no ``list_offsets`` in
   kafka-python 3.0.  It also sets ``stream_anon_seconds_since_progress``: seconds since a consumed position or a
-  committed offset last moved, 0 while there is no lag (nothing to do is not a stall).
+  committed offset last moved, 0 while there is no lag (nothing to do is not a stall).  A partition its fetch
+  does not answer (empty, or a record batch there larger than ``kafka.receive_max_bytes``) gets its highwater from a
+  fetch of about one batch that steps past what cannot be received (:func:`~stream_anon.kafka_io.oversized.
+  highwater_past`, one WARNING per such offset): the lag counts from the true end, whatever the records' size.
 
 Because the thread reads the broker itself, a stuck loop shows as growing lag and growing seconds since progress
 (the ``StreamAnonStalled`` alert), where the loop's own numbers would freeze.
@@ -28,7 +31,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
-from stream_anon.kafka_io.clients import client_options, no_auto_create
+from stream_anon.kafka_io.clients import client_options, fetch_limits, no_auto_create
+from stream_anon.kafka_io.oversized import highwater_past
 from stream_anon.metrics.definitions import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,7 @@ class LagMonitor:
         self._assigned: set[int] = set()
         self._last_marks: tuple[tuple[int, int], ...] | None = None
         self._committed: dict[int, int] = {}
+        self._too_large: dict[int, set[int]] = {}  # partition -> offsets found too large to receive (logged once)
         self._progress_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
         self.rounds = 0
@@ -122,7 +127,7 @@ class LagMonitor:
             opts = {**client_options(self.cfg.kafka), "request_timeout_ms": min(k.request_timeout_ms,
                                                                            MONITOR_REQUEST_TIMEOUT_MS)}
             self._consumer = no_auto_create(KafkaConsumer(**opts, group_id=k.group_id, enable_auto_commit=False,
-                                                          max_partition_fetch_bytes=1024, fetch_max_wait_ms=100))
+                                                          fetch_max_wait_ms=100, **fetch_limits(k, partition_bytes=1024)))
             self._assigned = set()
         return self._consumer
 
@@ -167,10 +172,10 @@ class LagMonitor:
                 if hw is not None:
                     fresh[tp.partition] = int(hw)
                     c.pause(tp)
-        for tp in tps:  # an empty partition answers with no record: its highwater is still known
-            hw = c.highwater(tp)
-            if tp.partition not in fresh and hw is not None:
-                fresh[tp.partition] = int(hw)
+        c.pause(*tps)  # (a fetch that keeps failing is not retried between rounds)
+        for tp in tps:  # no answer to this round's fetch: an empty partition, or a batch too large to receive there
+            if tp.partition not in fresh:
+                self._read_end(tp.partition, committed[tp.partition], fresh)
         positions = view.positions
         for p, hw in fresh.items():
             self.highwater[p] = hw
@@ -178,6 +183,19 @@ class LagMonitor:
             self.lag[p] = lag
             self.metrics.consumer_lag.labels(topic=self.topic, partition=str(p)).set(lag)
         self.rounds += 1
+
+    def _read_end(self, p: int, committed: int, fresh: dict[int, int]) -> None:
+        """The end of partition ``p`` from a fetch of about one batch past what cannot be received (kafka-python
+        keeps the highwater of its last answered fetch: a message too large to receive would freeze the lag)."""
+        start = self.highwater.get(p, committed)
+        hw, stepped = highwater_past(self.cfg.kafka, self.topic, p, start, timeout_s=FETCH_ROUND_SECONDS / 2)
+        if hw is not None:
+            fresh[p] = hw
+        if stepped and stepped[0] not in self._too_large.get(p, ()):
+            self._too_large[p] = set(stepped)
+            log.warning("lag monitor: %s[%d]: the record batch at offset %d is larger than kafka.receive_max_bytes "
+                        "(%s bytes): the consumers cannot receive it; highwater read past it: %s", self.topic, p,
+                        stepped[0], f"{self.cfg.kafka.receive_max_bytes:,}", "unknown" if hw is None else hw)
 
     def _set_progress(self) -> None:
         view = self.view()

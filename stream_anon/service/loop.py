@@ -75,9 +75,11 @@ class LoopOwner(Protocol):
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A record the consumer could not read (``CorruptRecordError``): only its position is known."""
+    """A record the consumer could not read (reason ``corrupt_record``, or ``oversized`` when too large to receive):
+    only its position is known."""
 
     offset: int
+    reason: str
     error: str
 
 
@@ -201,7 +203,7 @@ class MainLoop:
             if not recs:
                 return True
         msgs: tuple[RawMessage, ...] = tuple(
-            (r.offset, None, None, (), None, r.error) if isinstance(r, Unreadable)
+            (r.offset, None, None, (), None, (r.reason, r.error)) if isinstance(r, Unreadable)
             else (r.offset, r.value, r.key, r.headers, r.timestamp, None) for r in recs)
         self.backend.submit(ProcessBatch(partition, msgs, now))
         owned = self.table.get(partition)
@@ -209,11 +211,11 @@ class MainLoop:
             owned.last_input = now
         return True
 
-    def _on_unreadable(self, partition: int, offset: int, error: str) -> bool:
-        """A record the consumer cannot read: dead-lettered by position (reason ``corrupt_record``)."""
-        log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as corrupt_record, "
-                  "skipping it", partition, offset, error)
-        return self._submit(partition, [Unreadable(offset, error)], time.time())
+    def _on_unreadable(self, partition: int, offset: int, reason: str, error: str) -> bool:
+        """A record the consumer cannot read: dead-lettered by position with ``reason``."""
+        log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as %s, skipping it",
+                  partition, offset, error, reason)
+        return self._submit(partition, [Unreadable(offset, reason, error)], time.time())
 
     def _expire_and_flush(self, now: float) -> None:
         """Time-based releases: the engine's delay in seconds, and the idle flush of a quiet partition."""

@@ -39,9 +39,10 @@ from stream_anon.service.wiring import load_schema, make_engine_factory, make_en
 
 log = logging.getLogger(__name__)
 
-RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None, str | None]
-"""(offset, value, key, headers, timestamp_ms, corrupt) of one input message (cheap to pickle); ``corrupt``: the
-client's error for a record it could not read (value, key and headers are then None/empty)."""
+RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None,
+                   tuple[str, str] | None]
+"""(offset, value, key, headers, timestamp_ms, unreadable) of one input message (cheap to pickle); ``unreadable``:
+(reason, the client's error) for a record it could not read (value, key and headers are then None/empty)."""
 
 EntryFactoryMaker = Callable[[int, str], EntryFactory]
 """(partition, incarnation) -> the partition's :class:`EntryFactory` (``wiring.make_entry_factory``)."""
@@ -173,7 +174,8 @@ class Pipelines:
         res: BatchResult
         match work:
             case ProcessBatch(messages=msgs, now=now):
-                res = pipe.process([InputMessage(o, v, k, h, ts, bad) for o, v, k, h, ts, bad in msgs], now)
+                res = pipe.process([InputMessage(o, v, k, h, ts) if bad is None else
+                                    InputMessage(o, v, k, h, ts, bad[1], bad[0]) for o, v, k, h, ts, bad in msgs], now)
                 n = len(msgs)
             case FlushPartition(now=now):
                 res, n = pipe.flush(now), 0

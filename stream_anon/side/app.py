@@ -73,7 +73,8 @@ from stream_anon.formats.release import (
     dead_letter_message,
     resolve_secret,
 )
-from stream_anon.kafka_io.clients import connect_admin, make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.clients import connect_admin, prepare_topics, retry
+from stream_anon.kafka_io.consumers import open_poller
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     CommitFailedError,
@@ -81,7 +82,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
 )
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
+from stream_anon.kafka_io.poller import PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -296,9 +297,9 @@ class SidePathApp:
                 return rc
             self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
             self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
-        consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka, stop=stop)
-        self._poller = GroupPoller(consumer, self.input_topic, max_records=cfg.kafka.max_poll_records,
-                                   reader=lambda: PartitionReader(cfg.kafka))
+        self._poller = retry("consumer", lambda: open_poller(cfg.kafka, self.input_topic, group_id=self.group_id,
+                                                             reader=lambda: PartitionReader(cfg.kafka)),
+                             cfg.kafka, stop=stop)
         return 0
 
     def run(self) -> int:
@@ -408,12 +409,12 @@ class SidePathApp:
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
 
-    def _unreadable(self, partition: int, offset: int, error: str) -> bool:
-        """A record the consumer cannot read (found by the poller, as the main path's are): skipped as
-        ``corrupt_record``, the poller seeks past it."""
-        log.warning("side paths: the record at %s[%d] offset %d cannot be read (%s): skipped as corrupt_record",
-                    self.input_topic, partition, offset, error[:300])
-        self._skip("corrupt_record")
+    def _unreadable(self, partition: int, offset: int, reason: str, error: str) -> bool:
+        """A record the consumer cannot read (found by the poller, as the main path's are: ``corrupt_record``, or
+        ``oversized`` when too large to receive): skipped with that reason, the poller moves past it."""
+        log.warning("side paths: the record at %s[%d] offset %d cannot be read (%s): skipped as %s",
+                    self.input_topic, partition, offset, error[:300], reason)
+        self._skip(reason)
         return True
 
     def _decode(self, partition: int, recs: Sequence[PolledRecord]) -> _Decoded:
