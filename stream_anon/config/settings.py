@@ -36,7 +36,7 @@ from stream_anon.config.side_paths import SidePathConfig, SidePathConfigError, S
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
-from stream_anon.kafka_io.settings import PRODUCER_CLIENTS, KafkaSettings, TopicLayout
+from stream_anon.kafka_io.settings import MIN_OUTPUT_BOUND, PRODUCER_CLIENTS, KafkaSettings, TopicLayout
 from stream_anon.privacy.base import PrivacyParameterError
 
 ENV_PREFIX = "STREAM_ANON_"
@@ -136,6 +136,7 @@ class ServiceSettings:
 
     max_message_bytes: int = 65536  # larger input messages go to the DLQ as "oversized"
     dlq_max_bytes: int = 1000000  # original bytes kept in a DLQ entry (longer ones are truncated, flagged)
+    max_output_bytes: int | None = None  # largest message written (None: the broker's limit, read at start)
     workers: int = 1  # pipeline worker processes (0 = in the service's thread); partition p -> worker p mod n
     commit_interval_ms: int = 500  # flush producer + commit watermarks at most this often
     poll_timeout_ms: int = 200
@@ -220,6 +221,8 @@ class Config:
         s, k, t = self.service, self.kafka, self.topics
         checks: list[tuple[str, bool, str, Any]] = [
             ("service.max_message_bytes", s.max_message_bytes > 0, "a positive integer", s.max_message_bytes),
+            ("service.max_output_bytes", s.max_output_bytes is None or s.max_output_bytes >= MIN_OUTPUT_BOUND,
+             f"empty (the broker's limit) or an integer >= {MIN_OUTPUT_BOUND}", s.max_output_bytes),
             ("service.workers", s.workers >= 0, "an integer >= 0 (0 = inline)", s.workers),
             ("service.commit_interval_ms", s.commit_interval_ms >= 0, "an integer >= 0", s.commit_interval_ms),
             ("service.producer_recovery_seconds", s.producer_recovery_seconds > 0, "a number of seconds > 0",

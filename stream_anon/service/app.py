@@ -50,7 +50,12 @@ from stream_anon.kafka_io.errors import (
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError
-from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MissingLedgerError, open_main_clients
+from stream_anon.service.clients import (
+    LOOP_REQUEST_TIMEOUT_MS,
+    MissingLedgerError,
+    OutputBoundError,
+    open_main_clients,
+)
 from stream_anon.service.committer import CommitProgress
 from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX
 from stream_anon.service.liveness import LoopHeartbeat, LoopView
@@ -137,9 +142,12 @@ class MainPath:
                 log.error("%s", e)
                 closing.broker_silent()
                 return 3
-            except MissingLedgerError as e:
+            except (MissingLedgerError, OutputBoundError) as e:
                 log.error("%s", e)
                 return 2
+            # the pipelines (and their workers) build every output within the bound read from the broker
+            self.cfg = self.cfg.with_options({"service.max_output_bytes": clients.bound.bytes},
+                                             origin="the broker's message size limit")
             backend = self._backend()
             pipelines.callback(backend.close)
             rc = self._run(MainLoop(self, clients, backend), closing)

@@ -202,8 +202,9 @@ def collect_outputs(bootstrap_servers: str, *, input_topic: str, anon: str, supp
 def audit_lines(snap: OutputSnapshot) -> list[str]:
     """The audit's report, one finding per line."""
     rep = snap.accounting
-    out = [f"ledger: {rep.entries} entries ({rep.rewrites} identical rewrites), {rep.checkpoints} checkpoints, "
-           f"{rep.tombstones} tombstones",
+    chunked = f", {rep.chunked} of them written in chunks" if rep.chunked else ""
+    out = [f"ledger: {rep.entries} entries ({rep.rewrites} identical rewrites{chunked}), {rep.checkpoints} "
+           f"checkpoints, {rep.tombstones} tombstones",
            "outcomes: " + ", ".join(f"{k} {v:,}" for k, v in sorted(rep.outcomes.items())) + f" (total "
            f"{rep.accounted:,})",
            f"released in {snap.classes:,} classes; suppressed by reason {dict(sorted(rep.suppressed_reasons.items()))}; "
@@ -218,6 +219,9 @@ def audit_lines(snap: OutputSnapshot) -> list[str]:
         out.append(f"NOT ACCOUNTED: {len(rep.missing)} offsets (first {rep.missing[:5]})")
     if rep.corrupt:
         out.append(f"CORRUPT ledger records: {len(rep.corrupt)} (first {rep.corrupt[:2]})")
+    if rep.incomplete:
+        out.append(f"incomplete chunked entries (a crash between their chunks; they count for nothing, their records "
+                   f"were processed again): {len(rep.incomplete)} (first {rep.incomplete[:3]})")
     out.extend(f"PROBLEM: {p}" for p in snap.problems[:20])
     out.append("OK: every input offset accounted exactly once, every promised output published exactly once"
                if snap.ok else "NOT OK")

@@ -17,9 +17,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from kafka import KafkaAdminClient
+
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
+from stream_anon.kafka_io.limits import MIN_OUTPUT_BOUND, MessageBound, read_output_bound
 from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
@@ -38,6 +41,10 @@ most this long and are retried, so that a stop is noticed between two attempts e
 
 class MissingLedgerError(RuntimeError):
     """The ledger topic does not exist and ``topics.create`` is false (a configuration error: exit 2)."""
+
+
+class OutputBoundError(RuntimeError):
+    """The broker's or the producer's message size limit is too small for the service (exit 2)."""
 
 
 def main_topics(cfg: Config) -> Topics:
@@ -80,6 +87,7 @@ class MainClients:
 
     topics: Topics
     counts: dict[str, int]  # topic -> partitions
+    bound: MessageBound  # the output bound (topics.max_message_bytes is its bytes)
     guard: BrokerGuard
     poller: Poller
     reader: PartitionReader
@@ -92,9 +100,25 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     """Connect (with the start-up retry policy), make sure of the topics and open every client; each is entered
     into ``stack`` as soon as it exists.  ``owned``: the partitions the loop owns (the health checks read their
     ledger partitions)."""
-    k, topics = cfg.kafka, main_topics(cfg)
+    k = cfg.kafka
+    bounds: list[MessageBound] = []
+
+    def read_bound(admin: KafkaAdminClient) -> None:
+        bounds.append(retry("message size limits", lambda: read_output_bound(
+            admin, cfg.topics.service_topics(), max_request_size=k.max_request_size,
+            configured=cfg.service.max_output_bytes), k, stop=stopping))
+
     counts = prepare_topics(k, cfg.topics.service_topics(), cfg.topics.layout(),
-                            on_retry=metrics.broker_reconnects.inc, stop=stopping)
+                            on_retry=metrics.broker_reconnects.inc, stop=stopping, also=read_bound)
+    bound = bounds[0]
+    if bound.bytes < MIN_OUTPUT_BOUND:
+        raise OutputBoundError(f"the output bound is {bound.describe()}, below the {MIN_OUTPUT_BOUND:,} bytes the "
+                               f"service needs: raise the broker's message.max.bytes (or the topics' "
+                               f"max.message.bytes) or kafka.max_request_size")
+    log.info("every message written stays within %s", bound.describe())
+    topics = dataclasses.replace(main_topics(cfg), max_message_bytes=bound.bytes)
+    # a batch of small messages is one record batch to the broker too: never larger than the bound
+    k = dataclasses.replace(k, batch_size=min(k.batch_size, bound.bytes))
     if topics.ledger not in counts:
         raise MissingLedgerError(f"topics.ledger: topic {topics.ledger} does not exist and topics.create is false: "
                                  f"create it (compacted, with the input's partition count; "
@@ -123,4 +147,4 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     producers = ServiceProducers(k, partition_counts=counts, stop=stop_clock.give_up, on_error=produce_error,
                                  stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=health.check_data)
     stack.callback(lambda: producers.close(closing.producer_seconds))
-    return MainClients(topics, counts, guard, poller, reader, health, producers)
+    return MainClients(topics, counts, bound, guard, poller, reader, health, producers)

@@ -21,6 +21,8 @@ from typing import Protocol, TypeVar
 from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
     Checkpoint,
+    ChunkAssembler,
+    EntryChunk,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
@@ -44,7 +46,9 @@ class LedgerScan:
     end) whose horizon is below the threshold max(committed, last checkpoint's watermark): by I3 everything
     before it holds only offsets below the threshold.  Only checkpoints stop the scan (they follow a flush, so a
     re-sent entry that landed out of order cannot end it early).  Foreign or corrupt messages are reported in
-    ``corrupt`` and skipped; identical re-writes of one entry count once.
+    ``corrupt`` and skipped; identical re-writes of one entry count once.  A chunked entry counts once all its
+    chunks are read (they are written in one send, with no checkpoint between them); one that misses chunks (a
+    crash between them) counts for nothing: its records are processed again and its chunks are tombstoned later.
     """
 
     def __init__(self, topic: str, partition: int, committed: int | None, *, group: str = "") -> None:
@@ -63,6 +67,9 @@ class LedgerScan:
         self._checkpoints: list[tuple[int, bytes]] = []
         self._corrupt: list[tuple[int, str]] = []
         self._horizon = -1
+        self._chunks = ChunkAssembler()
+        self._chunk_keys: list[tuple[int, bytes]] = []  # (entry's last offset, key) of every chunk read
+        self._chunked: set[bytes] = set()  # keys of the entries that were read as chunks (they have no own key)
 
     def add_chunk(self, chunk: Sequence[LedgerRecord]) -> bool:
         if self.done:
@@ -81,6 +88,18 @@ class LedgerScan:
                 self._corrupt.append((rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
                 continue
             self._horizon = max(self._horizon, item.horizon)
+            if isinstance(item, EntryChunk):
+                self._chunk_keys.append((item.last, item.key))
+                try:
+                    whole = self._chunks.add(rec.offset, item)
+                except LedgerFormatError as e:
+                    self._corrupt.append((rec.offset, str(e)))
+                    continue
+                if whole is not None:
+                    entry, _keys, last_offset = whole
+                    self._chunked.add(entry.key)
+                    self._entries.append((last_offset, entry, entry.encode()))
+                continue
             if isinstance(item, Checkpoint):
                 if self.group and item.group and item.group != self.group:
                     self.foreign_groups.add(item.group)
@@ -128,7 +147,8 @@ class LedgerScan:
             checkpoint=ck, pending=pending, scan_from=ck.ends_map if ck is not None else None,
             conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
             corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
-            seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
+            seen_entries=tuple((e.last_offset, e.key) for _, e in unique if e.key not in self._chunked)
+            + tuple(self._chunk_keys),
             seen_checkpoints=tuple(reversed(self._checkpoints)), foreign_groups=tuple(sorted(self.foreign_groups)))
 
 

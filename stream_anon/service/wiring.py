@@ -62,7 +62,8 @@ def make_entry_factory(cfg: Config, schema: Schema) -> Callable[[int, str], Entr
                                                  include_record_ids=opts.include_record_ids),
                             secret=secret, dlq_payload=opts.dlq_payload,
                             dlq_max_payload_bytes=opts.dlq_max_payload_bytes,
-                            gate=PrePublishGate(schema, k=a.k, l=a.l))
+                            gate=PrePublishGate(schema, k=a.k, l=a.l),
+                            max_message_bytes=cfg.service.max_output_bytes)
 
     return factory
 
