@@ -24,7 +24,8 @@ health (:mod:`~stream_anon.service.broker_health`), the producer-failure policy
 Exit codes (what ends a run, and how): 0 stopped; 1 a worker failed, a producer kept failing (more than
 ``PRODUCER_RECREATIONS_MAX`` failures in a row while the broker answers), a message was refused for good, or the
 group consumer's polls kept failing; 2 a configuration the broker refuses (the ledger topic missing with
-``topics.create`` false, a ledger shared with another consumer group); 3 the broker unreachable at start, or gone
+``topics.create`` false, a ledger shared with another consumer group, a message size limit below
+:data:`~stream_anon.kafka_io.limits.MIN_OUTPUT_BOUND`); 3 the broker unreachable at start, or gone
 while the stop path waited for it (nothing more committed: a restart recovers from the ledger); 4 the broker lost
 data (:mod:`stream_anon.service.broker_guard`; what the producers hold is abandoned).
 """
