@@ -20,6 +20,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from stream_anon.kafka_io.errors import BrokerUnavailableError
+from stream_anon.kafka_io.lifecycle import wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings, TopicLayout
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,8 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
                         f": {detail}" if detail and detail != "None" else "", attempt, delay)
             if on_retry is not None:
                 on_retry()
-            if stop is not None and stop():
+            if wait_unless(delay, stop):  # a stop cuts the backoff short
                 raise BrokerUnavailableError(f"{what}: stopped while waiting for the broker") from e
-            time.sleep(delay)
     raise AssertionError("unreachable")
 
 

@@ -48,6 +48,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
     ProducerStuckError,
 )
+from stream_anon.kafka_io.lifecycle import wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -546,6 +547,12 @@ class OutputProducer:
                 self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
                 raise
         while self._open or self._failed:
+            if self.stop is not None and self.stop():  # stopping and its grace is over: not one more slice
+                acked += self._settle(raise_errors=False)
+                n_left = sum(len(b) - b.resolved for b in self._open) + sum(len(i) for _b, i in self._failed)
+                if n_left or self._unchecked:
+                    raise BrokerUnavailableError(f"{n_left} {self.label} messages not acknowledged at shutdown")
+                break
             if self._open:  # short slices: a stop, a stuck client, the watchdog are noticed within a slice
                 self.transport.wait(min(wait_s, FLUSH_SLICE_SECONDS))
             acked += self._settle(raise_errors=True)
@@ -569,7 +576,9 @@ class OutputProducer:
             elif self._failed:  # re-sent in their order once nothing else is in flight
                 d = next(delays)
                 log.warning("%d %s messages not acknowledged; re-sending in %.1f s", n_failed, self.label, d)
-                time.sleep(d)
+                if wait_unless(d, self.stop):  # a stop cuts the backoff short (its grace is over)
+                    raise BrokerUnavailableError(f"{n_failed} {self.label} messages not acknowledged at shutdown "
+                                                 f"(waiting to re-send them)")
                 failed, self._failed = self._failed, []
                 for b, idx in failed:
                     self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.broker import EmbeddedBroker
-from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, quiet_closing_clients
+from stream_anon.kafka_io.lifecycle import StopDeadline, quiet_closing_clients
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.runtime.supervisor import SidePaths
@@ -19,6 +19,9 @@ from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.wiring import with_release_secret
 
 log = logging.getLogger(__name__)
+
+EMBEDDED_BROKER_STOP_SECONDS = 1.0
+"""The embedded broker (memory storage: it keeps nothing anyway) gets this long to exit on SIGTERM, then SIGKILL."""
 
 
 def start_metrics(cfg: Config, registry: CollectorRegistry, heartbeat: LoopHeartbeat | None = None) -> None:
@@ -52,6 +55,8 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         log.info("no kafka.bootstrap_servers given: started an embedded Tansu broker on %s (stopped on exit)",
                  broker.bootstrap_servers)
     heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
+    phase = ["the main path"]
+    deadline = StopDeadline(stop_event, what=lambda: f"waiting for {phase[0]}")  # the last resort of a stop
     try:
         start_metrics(cfg, registry, heartbeat)
         side = SidePaths(cfg, metrics, stop_event)
@@ -62,14 +67,17 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
                           heartbeat=heartbeat).run()
         finally:
             stop_event.set()
+            phase[0] = "the side paths"
             side.stop()
             if side.mode == "process":
                 log.info("side-path process stopped")
         return rc
     finally:
         if broker is not None:
+            phase[0] = "the embedded broker"
             # every client of this process is closed (a lag-monitor round may still be connecting): their
             # connection-reset chatter when the broker goes is not an error here
             logging.getLogger("kafka").setLevel(logging.CRITICAL)
-            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
+            broker.stop(timeout_s=EMBEDDED_BROKER_STOP_SECONDS)
             log.info("embedded broker stopped")
+        deadline.done()

@@ -160,7 +160,7 @@ class MainPath:
     def _backend(self) -> Backend:
         cfg = self.cfg
         if cfg.service.workers > 0 and not self._custom_engine:
-            return ProcessBackend(cfg, cfg.service.workers)
+            return ProcessBackend(cfg, cfg.service.workers, stop=self.stop_event.is_set)
         return InlineBackend(self.schema, pipeline_settings(cfg), self.engine_factory,
                              make_entry_factory(cfg, self.schema))
 
@@ -175,7 +175,15 @@ class MainPath:
                       self.cfg.kafka.bootstrap_servers, e, EXIT_DATA_LOSS)
             closing.abandon()
             rc = EXIT_DATA_LOSS
-        except (WorkerError, ProducerFatalError, MessageRejectedError, ConsumerFailedError) as e:
+        except ProducerFatalError as e:
+            if self.stop_event.is_set():  # a stop while the producers were failing: left to the next start
+                log.error("%s; stopped meanwhile: stopping without committing what is not acknowledged (a restart "
+                          "recovers from the ledger)", e)
+                rc = 3
+            else:
+                log.error("%s; stopping with exit code 1 (a restart recovers from the ledger)", e)
+                rc = 1
+        except (WorkerError, MessageRejectedError, ConsumerFailedError) as e:
             log.error("%s; stopping with exit code 1 (a restart recovers from the ledger)", e)
             rc = 1
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
@@ -186,7 +194,7 @@ class MainPath:
             rc = 2
         finally:
             ok = loop.finish(clean=rc == 0)
-            if not (ok and rc == 0):
+            if not (ok and rc == 0) or loop.broker_silent:
                 closing.broker_silent()  # the broker did not answer, or the run failed: no client waits again
             if not ok and rc == 0:
                 rc = 3

@@ -30,12 +30,13 @@ from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
 EXIT_DATA_LOSS = 4
 """Exit code of ``stream-anon run`` when the broker lost data the service had committed or acknowledged."""
-GUARD_REQUEST_TIMEOUT_MS = 5000
+GUARD_REQUEST_TIMEOUT_MS = LOOP_REQUEST_TIMEOUT_MS
 """Longest one metadata request of the check may take (a stalled broker must not hold the loop longer)."""
 UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION
 

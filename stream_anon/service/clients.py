@@ -21,7 +21,7 @@ from kafka import KafkaAdminClient
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
-from stream_anon.kafka_io.lifecycle import Closing, StopClock
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
 from stream_anon.kafka_io.limits import MIN_OUTPUT_BOUND, MessageBound, read_output_bound
 from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
@@ -34,9 +34,9 @@ from stream_anon.service.outbox import Topics
 
 log = logging.getLogger(__name__)
 
-LOOP_REQUEST_TIMEOUT_MS = 5000
-"""Blocking requests of the running loop (the recovery reader's scans and ends, committed offsets) time out after at
-most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
+__all__ = ["LOOP_REQUEST_TIMEOUT_MS", "MainClients", "MissingLedgerError", "OutputBoundError", "ServiceProducers",
+           "main_topics", "open_main_clients"]
+
 
 
 class MissingLedgerError(RuntimeError):
@@ -131,7 +131,8 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     poller = GroupPoller(consumer, topics.input, max_records=k.max_poll_records,
                          reader=lambda: PartitionReader(reader_kafka))
     stack.callback(lambda: poller.close(closing.consumer_seconds))
-    reader = retry("recovery reader", lambda: PartitionReader(reader_kafka), k, stop=stopping)
+    # (a read of the recovery or a health check gives up as soon as the service stops)
+    reader = retry("recovery reader", lambda: PartitionReader(reader_kafka, stop=stopping), k, stop=stopping)
     stack.callback(reader.close)
     n_ledger = counts[topics.ledger]
     health = BrokerHealth(guard, poller, reader, kafka=k, input_topic=topics.input, ledger_topic=topics.ledger,

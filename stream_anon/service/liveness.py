@@ -98,7 +98,9 @@ class LagMonitor:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 0.5) -> None:
+        """Ask the thread to end and wait at most ``timeout`` (a daemon: a round still waiting for a stalled broker
+        ends on its own, its consumer closed by the thread; the stop path does not wait for it)."""
         self._stop.set()
         self._thread.join(timeout)
 

@@ -28,7 +28,7 @@ from kafka.errors import KafkaError
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
-from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
+from stream_anon.kafka_io.lifecycle import StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
@@ -52,6 +52,10 @@ from stream_anon.service.workers import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+FINAL_COLLECT_SECONDS = 0.5
+"""On the stop path, at least this long for the pipeline workers to hand back the batches they hold (they are local:
+a batch takes milliseconds), even when the stop grace is over."""
 
 
 class LoopOwner(Protocol):
@@ -101,6 +105,7 @@ class MainLoop:
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
+        self.broker_silent = False  # the stop path's commit was not answered: no client waits for the broker again
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -169,18 +174,23 @@ class MainLoop:
         closed afterwards, by the stack they were entered into."""
         self.lag.stop()
         ok = True
+        clock = self.main.stop_clock
         try:
             if clean:
-                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
-                remaining = self.main.stop_clock.remaining()
-                self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
-                                                         max(0.5, remaining)))
+                self._collect(wait_all=True, timeout=max(FINAL_COLLECT_SECONDS, clock.remaining()))
+                if not self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
+                                                                max(0.5, clock.remaining()))):
+                    self.broker_silent = True  # its checkpoint is acknowledged: the next start begins there
                 self.committer.write_tombstones()
                 self.producers.ledger.flush()
         except BrokerUnavailableError as e:
             ok = False
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
-        except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
+        except WorkerError as e:  # a worker that does not hand back its batches: nothing more is committed
+            ok = False
+            log.error("%s; stopping without the final commit (a restart recovers from the ledger)", e)
+        except (KafkaError, ProducerFatalError, MessageRejectedError) as e:
+            self.broker_silent = True
             log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
         self.closing_down = True
         return ok
@@ -268,6 +278,7 @@ class MainLoop:
         return start
 
     def _plan(self, partition: int) -> RecoveryPlan:
+        log.info("partition %d: recovering from the ledger", partition)
         self.health.check_data(force=True)  # a new partition may be the first sign of a recreated topic
         timeout_ms = min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)
         committed = self._retry(f"partition {partition}: committed offset",

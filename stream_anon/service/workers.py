@@ -273,8 +273,9 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
 class ProcessBackend:
     """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker."""
 
-    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2) -> None:
+    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2, *, stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
+        self.stop = stop  # true: a wait for a busy worker (backpressure) ends at once (the stop path takes over)
         self.n = n
         self.max_in_flight = max_in_flight
         self._conns: list[Connection] = []
@@ -331,22 +332,41 @@ class ProcessBackend:
                 if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                     raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) did not answer within "
                                       f"{timeout:.0f} s")
+                if deadline is None and not wait_all and not self._answered(conn):
+                    return out  # stopping while a worker is busy: the stop path collects (bounded)
                 out.append(self._recv(w))
         return out
+
+    def _answered(self, conn: Connection) -> bool:
+        """Wait for a result on ``conn`` (backpressure), in slices; False as soon as the service stops."""
+        while not conn.poll(0.2):
+            if self.stop is not None and self.stop():
+                return False
+        return True
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
             self._conns[self._w(p)].send(DropPartitions((p,)))
 
     def close(self) -> None:
+        """Stop the workers: each finishes the batches it was given, then exits; results nobody collected any more
+        are read and dropped meanwhile (a worker blocked on a full result pipe would never see its stop)."""
         for conn in self._conns:
             try:
                 conn.send(StopWorker())
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + CLOSE_TIMEOUT_SECONDS
+        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+            for res in self._results:
+                try:
+                    while res.poll():
+                        res.recv()
+                except (EOFError, OSError):
+                    pass
+            for proc in self._procs:
+                proc.join(0.02)
         for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():  # it ignores SIGTERM (the parent decides): SIGKILL
                 proc.kill()
                 proc.join(2)

@@ -68,7 +68,7 @@ from stream_anon.kafka_io.errors import (
     MessageRejectedError,
     ProducerFatalError,
 )
-from stream_anon.kafka_io.lifecycle import Closing, StopClock
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
 from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
@@ -375,8 +375,9 @@ class SidePathApp:
         poller = self._poller
         assert poller is not None
         next_offset = int(recs[-1].offset) + 1
-        try:
-            poller.commit_sync({partition: next_offset})
+        try:  # bounded: a stalled broker must not hold the side paths (nor their stop) longer than one request
+            poller.commit_sync({partition: next_offset},
+                               timeout_s=min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS) / 1000)
             return True
         except CommitFailedError as e:
             where = f"{self.input_topic}[{partition}]"
