@@ -138,7 +138,8 @@ class MainPath:
             pipelines = stack.enter_context(ExitStack())  # unwound last: the pipelines outlive the clients
             try:
                 clients = open_main_clients(self.cfg, stack, metrics=self.metrics, stopping=self.stop_event.is_set,
-                                            stop_clock=self.stop_clock, closing=closing, owned=self.table.partitions)
+                                            stop_clock=self.stop_clock, closing=closing, owned=self.table.partitions,
+                                            alive=self.heartbeat.tick)
             except BrokerUnavailableError as e:
                 log.error("%s", e)
                 closing.broker_silent()

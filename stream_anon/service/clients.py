@@ -96,10 +96,11 @@ class MainClients:
 
 
 def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics, stopping: Callable[[], bool],
-                      stop_clock: StopClock, closing: Closing, owned: Callable[[], Iterable[int]]) -> MainClients:
+                      stop_clock: StopClock, closing: Closing, owned: Callable[[], Iterable[int]],
+                      alive: Callable[[], None] = lambda: None) -> MainClients:
     """Connect (with the start-up retry policy), make sure of the topics and open every client; each is entered
     into ``stack`` as soon as it exists.  ``owned``: the partitions the loop owns (the health checks read their
-    ledger partitions)."""
+    ledger partitions); ``alive``: called while a flush waits for the broker (the loop's heartbeat)."""
     k = cfg.kafka
     bounds: list[MessageBound] = []
 
@@ -145,7 +146,11 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
         metrics.produce_errors.labels(topic=topic).inc()
 
     # a flush on the stop path waits for the stop grace, not forever (lifecycle.StopClock)
+    def watchdog() -> None:  # every slice of a flush that waits: the loop is alive; did the broker lose data?
+        alive()
+        health.check_data()
+
     producers = ServiceProducers(k, partition_counts=counts, stop=stop_clock.give_up, on_error=produce_error,
-                                 stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=health.check_data)
+                                 stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=watchdog)
     stack.callback(lambda: producers.close(closing.producer_seconds))
     return MainClients(topics, counts, bound, guard, poller, reader, health, producers)

@@ -111,6 +111,7 @@ class MainLoop:
     def run(self) -> None:
         """Until the service is told to stop; raises what ends the run (``MainPath.run`` maps it to an exit code)."""
         self.lag.start()  # (first: the stop path stops it whatever happens next)
+        self.main.heartbeat.watch(self.lag)  # /healthz also says when no progress is made (lag, a silent broker)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
         log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
@@ -173,6 +174,7 @@ class MainLoop:
         (bounded by what is left of the stop grace); False if the broker was unreachable.  The clients are
         closed afterwards, by the stack they were entered into."""
         self.lag.stop()
+        self.main.heartbeat.watch(None)
         ok = True
         clock = self.main.stop_clock
         try:
@@ -330,7 +332,8 @@ class MainLoop:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
-        return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0)
+        return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0,
+                     on_retry=self.main.heartbeat.tick)  # (alive, waiting for the broker)
 
     # ------------------------------------------------------------------ rebalances
     def _on_assigned(self, partitions: set[int]) -> None:
