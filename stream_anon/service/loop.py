@@ -331,9 +331,18 @@ class MainLoop:
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
-        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
+        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing).  Each failed attempt also asks
+        the broker guard: a topic that is gone or was recreated raises :class:`BrokerDataLossError` (exit 4)
+        instead of retrying a read of it forever (topics are never auto-created by the service's clients); and
+        ticks the loop's heartbeat (alive, waiting for the broker)."""
+        guard = self.health.guard
+
+        def on_retry() -> None:
+            self.main.heartbeat.tick()
+            guard.check_topics()  # raises on a gone or recreated topic; an unanswered request is the retry's
+
         return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0,
-                     on_retry=self.main.heartbeat.tick)  # (alive, waiting for the broker)
+                     on_retry=on_retry)
 
     # ------------------------------------------------------------------ rebalances
     def _on_assigned(self, partitions: set[int]) -> None:
