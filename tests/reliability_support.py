@@ -14,8 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from apache_kafka_support import ServiceProcess as BaseServiceProcess
+from apache_kafka_support import wait_for
 from durable_broker import child_env
 from kafka import KafkaConsumer, TopicPartition
+
+__all__ = ["ServiceProcess", "audit", "committed", "drained", "outcome", "record_figures", "service_cmd",
+           "topic_flags", "wait_for"]
 
 ROLES = ("anon", "suppressed", "dlq")
 FIGURES = Path(__file__).resolve().parents[1] / ".cache" / "issue18-figures.jsonl"
@@ -40,21 +45,8 @@ def service_cmd(bs: str, prefix: str, *extra: str, partitions: int = 2, k: int =
             "--set", "service.producer_recovery_seconds=10", *extra]
 
 
-class ServiceProcess:
-    """``stream-anon run`` (or any command) as a subprocess, output captured to ``log``; a context manager (killed
-    with SIGKILL at the end if still running)."""
-
-    def __init__(self, cmd: list[str], log: Path) -> None:
-        self.log = log
-        self.started = time.monotonic()
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def assert_alive(self) -> None:
-        assert self.proc.poll() is None, f"service exited with {self.proc.returncode}:\n{self.text()[-5000:]}"
+class ServiceProcess(BaseServiceProcess):
+    """:class:`apache_kafka_support.ServiceProcess` with timed stops."""
 
     def send(self, sig: int = signal.SIGTERM) -> float:
         """Send ``sig``; returns the monotonic time it was sent."""
@@ -62,38 +54,16 @@ class ServiceProcess:
         self.proc.send_signal(sig)
         return t
 
-    def stop(self, timeout_s: float = 60.0, sig: int = signal.SIGTERM) -> tuple[int, float]:
+    def stop(self, timeout_s: float = 60.0, sig: int = signal.SIGTERM) -> tuple[int, float]:  # type: ignore[override]
         """``sig`` (default SIGTERM); (exit code, seconds until the process was gone)."""
         t0 = self.send(sig)
         rc = self.wait_exit(timeout_s)
         return rc, time.monotonic() - t0
 
-    def wait_exit(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {timeout_s} s:\n{self.text()[-5000:]}") from None
-
-    def __enter__(self) -> ServiceProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-def wait_for(what: str, cond: Callable[[], bool], service: ServiceProcess | None, timeout_s: float,
-             interval_s: float = 0.2) -> float:
-    """Poll ``cond`` until true; fail if the service exits or after ``timeout_s``.  Returns the seconds waited."""
-    t0 = time.monotonic()
-    while not cond():
-        if service is not None:
-            service.assert_alive()
-        assert time.monotonic() - t0 < timeout_s, (f"timed out after {timeout_s} s waiting for {what}"
-                                                   + (f":\n{service.text()[-5000:]}" if service else ""))
-        time.sleep(interval_s)
-    return time.monotonic() - t0
+    def exit_within(self, timeout_s: float) -> tuple[int, float]:
+        """(exit code, seconds since the process started) once it exits by itself."""
+        rc = self.wait_exit(timeout_s)
+        return rc, time.monotonic() - self.started
 
 
 def committed(bs: str, group: str, topic: str, partitions: int) -> dict[int, int]:

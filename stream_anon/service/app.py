@@ -62,7 +62,7 @@ from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX
 from stream_anon.service.liveness import LoopHeartbeat, LoopView
 from stream_anon.service.loop import MainLoop
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
-from stream_anon.service.recovery import LedgerConflictError
+from stream_anon.service.recovery import LedgerConflictError, LedgerLostError
 from stream_anon.service.totals import MainPathTotals
 from stream_anon.service.wiring import (
     load_schema,
@@ -174,6 +174,11 @@ class MainPath:
             log.error("broker %s lost data this service had committed or acknowledged: %s; stopping without publishing "
                       "over it (exit code %d; docs/service.md, \"A broker that lost its data\")",
                       self.cfg.kafka.bootstrap_servers, e, EXIT_DATA_LOSS)
+            closing.abandon()
+            rc = EXIT_DATA_LOSS
+        except LedgerLostError as e:
+            log.error("%s (exit code %d on every start until the operator acts: docs/service.md, \"A topic that was "
+                      "deleted or recreated\")", e, EXIT_DATA_LOSS)
             closing.abandon()
             rc = EXIT_DATA_LOSS
         except ProducerFatalError as e:

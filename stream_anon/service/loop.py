@@ -32,7 +32,7 @@ from stream_anon.kafka_io.lifecycle import StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
-from stream_anon.service.failure_policy import ProducerFailurePolicy, failure_window
+from stream_anon.service.failure_policy import ProducerFailurePolicy
 from stream_anon.service.ledger import RecoveryPlan
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.outbox import LedgerOutbox
@@ -104,6 +104,10 @@ class MainLoop:
         self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
+        # an output topic this member never wrote to that is deleted or recreated lost nothing (broker_guard)
+        self._written_roles: set[str] = set()
+        self.health.guard.unwritten_outputs = frozenset(topics.roles.values())
+        self.health.guard.unwritten = self._unwritten
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
         self.broker_silent = False  # the stop path's commit was not answered: no client waits for the broker again
 
@@ -124,8 +128,7 @@ class MainLoop:
         """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger, as
         long as the failure policy allows (an outage never counts; a commit of progress starts a new row)."""
         progress = self.main.progress
-        policy = ProducerFailurePolicy(failure_window(self.cfg.service.producer_recovery_seconds),
-                                       progress=progress.made)
+        policy = ProducerFailurePolicy(progress=progress.made)
         error: ProducerFatalError | None = None
         while True:
             try:
@@ -138,10 +141,10 @@ class MainLoop:
                 if self.main.stop_event.is_set():
                     raise
                 answered = self.health.check_data(force=True)  # the broker answers (and kept its data)
-                policy.failed(now=time.monotonic(), progress=progress.made, broker_answered=answered)
+                policy.failed(progress=progress.made, broker_answered=answered)
                 if policy.exhausted:
-                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures within {policy.window_s:.0f} "
-                                             f"s: creating the producers anew did not help") from e
+                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures in a row with no progress "
+                                             f"committed between them: creating the producers anew did not help") from e
                 error = e
 
     def _loop(self) -> None:
@@ -250,6 +253,15 @@ class MainLoop:
             if res.entries:
                 self.outbox.write(res.partition, res.entries)
             self.accounting.record(res, owned)
+
+    def _unwritten(self, topic: str) -> bool:
+        """Whether no owned partition ever had an output of ``topic``'s role acknowledged (this incarnation or an
+        earlier one, through the checkpoint ends recovery read); sticky once written."""
+        role = self.clients.topics.role_of.get(topic)
+        if role is None:
+            return False
+        self._written_roles.update(r for o in self.table for r, end in o.outbox.ends.items() if end > 0)
+        return role not in self._written_roles
 
     def _committed(self, partition: int, offset: int) -> None:
         self.health.note_committed(partition, offset)

@@ -195,6 +195,15 @@ class LedgerConflictError(RuntimeError):
     ledger, which would make each skip the other's records.  A configuration error: ``run`` exits 2."""
 
 
+class LedgerLostError(RuntimeError):
+    """The broker holds less than the ledger says this service wrote: a ledger partition without any checkpoint
+    although the group committed an offset (every commit follows a checkpoint, and compaction keeps the newest one:
+    the ledger was deleted or recreated), or an output partition that ends below the end the ledger's last
+    checkpoint recorded (the output topic was deleted or recreated).  Going on would publish over the loss and
+    account for records that are gone: ``run`` exits 4, on every start, until the operator acts
+    (docs/service.md, "A topic that was deleted or recreated")."""
+
+
 class PartitionReading(Protocol):
     """The reads recovery needs (:class:`~stream_anon.kafka_io.reader.PartitionReader`)."""
 
@@ -273,6 +282,11 @@ class PartitionRecovery:
             return scan
 
         plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+        if committed is not None and plan.checkpoint is None:
+            raise LedgerLostError(
+                f"ledger {topic}[{lp}] holds no checkpoint, yet group {self.group!r} committed offset {committed} of "
+                f"{self.topics.input}[{partition}]: the ledger was deleted or recreated (or topics.ledger names "
+                f"another one); nothing is consumed or published over it")
         if plan.foreign_groups:
             raise LedgerConflictError(
                 f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
@@ -318,7 +332,8 @@ class PartitionRecovery:
 
     def _scan_outputs(self, partition: int, plan: RecoveryPlan) -> tuple[OutputPresence, dict[str, int]]:
         """Step d's reads: which promised outputs are in the output partitions (when any is pending), and where
-        this incarnation's outputs will land at the earliest."""
+        this incarnation's outputs will land at the earliest.  An output partition that ends below the end the
+        last checkpoint recorded lost what this service wrote there: :class:`LedgerLostError`."""
         presence = OutputPresence()
         ends: dict[str, int] = {}
         for role, topic in self.topics.roles.items():
@@ -335,6 +350,12 @@ class PartitionRecovery:
             if plan.pending:
                 msgs, ends[role] = self.retry(f"partition {partition}: scan of {topic}", scan)
                 presence.add_many(role, msgs)
-            elif since is None:
+            else:
                 ends[role] = self.retry(f"partition {partition}: end of {topic}", end)
+            if since is not None and ends[role] < since:
+                lp = self.producers.ledger.partition_for(self.topics.ledger, partition)
+                raise LedgerLostError(
+                    f"{topic}[{op}] ends at offset {ends[role]}, below offset {since} that the last checkpoint of "
+                    f"ledger partition {self.topics.ledger}[{lp}] recorded: the output topic was deleted or "
+                    f"recreated; nothing is re-sent or published over it")
         return presence, ends
