@@ -25,7 +25,7 @@ Exit codes (what ends a run, and how): 0 stopped; 1 a worker failed, a producer 
 ``PRODUCER_RECREATIONS_MAX`` failures in a row while the broker answers), a message was refused for good, or the
 group consumer's polls kept failing; 2 a configuration the broker refuses (the ledger topic missing with
 ``topics.create`` false, a ledger shared with another consumer group, a message size limit below
-:data:`~stream_anon.kafka_io.limits.MIN_OUTPUT_BOUND`); 3 the broker unreachable at start, or gone
+:data:`~stream_anon.kafka_io.limits.MIN_OUTPUT_BOUND`, a ledger with fewer partitions than the input); 3 the broker unreachable at start, or gone
 while the stop path waited for it (nothing more committed: a restart recovers from the ledger); 4 the broker lost
 data (:mod:`stream_anon.service.broker_guard`; what the producers hold is abandoned).
 """
@@ -55,6 +55,7 @@ from stream_anon.service.clients import (
     LOOP_REQUEST_TIMEOUT_MS,
     MissingLedgerError,
     OutputBoundError,
+    TopicLayoutError,
     open_main_clients,
 )
 from stream_anon.service.committer import CommitProgress
@@ -144,7 +145,7 @@ class MainPath:
                 log.error("%s", e)
                 closing.broker_silent()
                 return 3
-            except (MissingLedgerError, OutputBoundError) as e:
+            except (MissingLedgerError, OutputBoundError, TopicLayoutError) as e:
                 log.error("%s", e)
                 return 2
             # the pipelines (and their workers) build every output within the bound read from the broker

@@ -35,7 +35,7 @@ from stream_anon.service.outbox import Topics
 log = logging.getLogger(__name__)
 
 __all__ = ["LOOP_REQUEST_TIMEOUT_MS", "MainClients", "MissingLedgerError", "OutputBoundError", "ServiceProducers",
-           "main_topics", "open_main_clients"]
+           "TopicLayoutError", "main_topics", "open_main_clients"]
 
 
 
@@ -45,6 +45,11 @@ class MissingLedgerError(RuntimeError):
 
 class OutputBoundError(RuntimeError):
     """The broker's or the producer's message size limit is too small for the service (exit 2)."""
+
+
+class TopicLayoutError(RuntimeError):
+    """The ledger has fewer partitions than the input (partitions were added to the input): ledger partition =
+    input partition would mix two input partitions in one ledger partition (exit 2)."""
 
 
 def main_topics(cfg: Config) -> Topics:
@@ -111,6 +116,15 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
 
     counts = prepare_topics(k, cfg.topics.service_topics(), cfg.topics.layout(),
                             on_retry=metrics.broker_reconnects.inc, stop=stopping, also=read_bound)
+    ledger, n_input = cfg.topics.ledger_topic(), counts.get(cfg.topics.input, 0)
+    if ledger not in counts:
+        raise MissingLedgerError(f"topics.ledger: topic {ledger} does not exist and topics.create is false: create it "
+                                 f"(compacted, with the input's partition count; deploy/kafka/create-topics.sh)")
+    if counts[ledger] < n_input:
+        raise TopicLayoutError(f"topics.ledger: {ledger} has {counts[ledger]} partitions, fewer than the {n_input} of "
+                               f"the input {cfg.topics.input} (partitions were added to the input): add partitions to "
+                               f"the ledger so that it has as many (kafka-topics --alter --partitions {n_input}), then "
+                               f"start again")
     bound = bounds[0]
     if bound.bytes < MIN_OUTPUT_BOUND:
         raise OutputBoundError(f"the output bound is {bound.describe()}, below the {MIN_OUTPUT_BOUND:,} bytes the "
@@ -120,10 +134,6 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     topics = dataclasses.replace(main_topics(cfg), max_message_bytes=bound.bytes)
     # a batch of small messages is one record batch to the broker too: never larger than the bound
     k = dataclasses.replace(k, batch_size=min(k.batch_size, bound.bytes))
-    if topics.ledger not in counts:
-        raise MissingLedgerError(f"topics.ledger: topic {topics.ledger} does not exist and topics.create is false: "
-                                 f"create it (compacted, with the input's partition count; "
-                                 f"deploy/kafka/create-topics.sh)")
     guard = BrokerGuard(cfg, [topics.input, topics.ledger, *topics.roles.values()])
     stack.callback(guard.close)
     retry("topic metadata", guard.start, k, stop=stopping)
