@@ -27,7 +27,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import client_options
@@ -181,11 +181,10 @@ class BrokerGuard:
         if state is None and self.cfg.topics.create and self._admin is not None:
             try:
                 self._admin.create_topics([NewTopic(topic, old.partitions, self.cfg.topics.replication_factor)])
-            except TopicAlreadyExistsError:
-                pass
-            except (KafkaError, OSError) as e:
-                log.warning("broker guard: %s and could not be created again: %r", change, e)
-                return False
+            except (KafkaError, OSError) as e:  # e.g. still being deleted (Apache Kafka deletes asynchronously)
+                log.warning("broker guard: %s; this service had written nothing to it: creating it again failed (%r), "
+                            "trying again at the next check", change, e)
+                return True
             log.warning("broker guard: %s; this service had written nothing to it: created it again (%d partitions), "
                         "nothing is lost", change, old.partitions)
             return True  # (its new id becomes the baseline at the next check: "recreated", unwritten, same count)
