@@ -271,7 +271,11 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
 
 
 class ProcessBackend:
-    """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker."""
+    """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker.
+
+    Requests go to each worker through a sender thread (a queue, then its pipe), so the loop never blocks on a pipe
+    that a busy or frozen worker does not read: only :meth:`results` waits for a worker, and that wait looks at
+    ``stop`` (a stop is never held by a worker)."""
 
     def __init__(self, cfg: Config, n: int, max_in_flight: int = 2, *, stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
@@ -293,7 +297,25 @@ class ProcessBackend:
             self._conns.append(req_write)
             self._results.append(res_read)
             self._procs.append(proc)
+        self._outbox: list[queue.Queue[object]] = [queue.Queue() for _ in range(n)]
+        for i in range(n):
+            threading.Thread(target=self._send_loop, args=(i,), name=f"pipeline-{i}-requests", daemon=True).start()
         log.info("pipelines run in %d worker process(es): %s", n, [p.pid for p in self._procs])
+
+    def _send_loop(self, w: int) -> None:
+        """Sender thread of worker ``w``: its requests, in order, into its pipe (ends on None or a broken pipe)."""
+        q, conn = self._outbox[w], self._conns[w]
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            try:
+                conn.send(item)
+            except (OSError, ValueError):  # the worker is gone: its results pipe tells the loop (WorkerError)
+                return
+
+    def _send(self, w: int, request: object) -> None:
+        self._outbox[w].put(request)
 
     def _w(self, partition: int) -> int:
         return partition % self.n
@@ -303,11 +325,11 @@ class ProcessBackend:
         return sum(self._in_flight)
 
     def create(self, request: CreatePartition) -> None:
-        self._conns[self._w(request.partition)].send(request)
+        self._send(self._w(request.partition), request)
 
     def submit(self, work: Work) -> None:
         w = self._w(work.partition)
-        self._conns[w].send(work)
+        self._send(w, work)
         self._in_flight[w] += 1
 
     def _recv(self, w: int) -> PartitionResult:
@@ -346,16 +368,15 @@ class ProcessBackend:
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
-            self._conns[self._w(p)].send(DropPartitions((p,)))
+            self._send(self._w(p), DropPartitions((p,)))
 
     def close(self) -> None:
         """Stop the workers: each finishes the batches it was given, then exits; results nobody collected any more
-        are read and dropped meanwhile (a worker blocked on a full result pipe would never see its stop)."""
-        for conn in self._conns:
-            try:
-                conn.send(StopWorker())
-            except (OSError, ValueError):
-                pass
+        are read and dropped meanwhile (a worker blocked on a full result pipe would never see its stop).  A worker
+        that does not exit within ``CLOSE_TIMEOUT_SECONDS`` (e.g. frozen) is killed."""
+        for w in range(self.n):
+            self._send(w, StopWorker())
+            self._send(w, None)
         deadline = time.monotonic() + CLOSE_TIMEOUT_SECONDS
         while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
             for res in self._results:
