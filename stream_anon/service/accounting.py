@@ -53,6 +53,9 @@ class AccountingReport:
     rewrites: int = 0  # identical copies of an entry (a producer retry), counted once
     duplicates: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in two entries
     missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in no entry
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+    """(partition, offset) in no entry that hold no record in the input (a gap the broker left: nothing to account
+    for); filled by :meth:`AccountingReport.split_gaps` from a read of the input"""
     corrupt: list[tuple[int, int, str]] = field(default_factory=list)  # (partition, ledger offset, error)
     chunked: int = 0  # entries read as chunks (a large entry: ledger.EntryChunk)
     incomplete: list[tuple[int, str, int, int]] = field(default_factory=list)
@@ -66,6 +69,12 @@ class AccountingReport:
     @property
     def accounted(self) -> int:
         return sum(self.outcomes.values())
+
+    def split_gaps(self, holding: set[tuple[int, int]]) -> None:
+        """Of the offsets in no entry, those not in ``holding`` (the offsets where the input holds a record) are
+        gaps, not lost records: moved from ``missing`` to ``gaps``."""
+        self.gaps = [m for m in self.missing if m not in holding]
+        self.missing = [m for m in self.missing if m in holding]
 
 
 class LedgerAccounting:
