@@ -620,15 +620,17 @@ class EntryFactory:
         the published ``size`` is the gate's own count of distinct individuals.  ``timing``: internal per-record
         timing (same order)."""
         verdict = None
+        reference = None
         if self.gate is not None:
             verdict = self.gate.check(generalized, members, record_ids)
             if not verdict.ok:
                 return self.suppressed(offsets=offsets, record_ids=record_ids, reason="gate", horizon=horizon,
                                        detail=verdict.describe(), timing=timing), verdict
             size = verdict.individuals
+            reference = verdict.reference
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
-                                  record_ids=record_ids)
+                                  record_ids=record_ids, reference=reference)
         assert msg.key is not None
         if not self._fits(msg):
             detail = (f"the class message of {len(offsets)} records takes {len(msg.value)} bytes, over the output "
@@ -639,6 +641,11 @@ class EntryFactory:
                             horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
                             outputs=(msg,), incarnation=self.incarnation,
                             **_ordered_timing(timing, order))], verdict
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        """A record about to be pushed to the engine: the gate's running reference (t-closeness) counts it."""
+        if self.gate is not None:
+            self.gate.observe(record)
 
     def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
                    detail: str | None = None, timing: Timing | None = None) -> list[LedgerEntry]:

@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
+from stream_anon.core.schema import Schema
 from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
 from stream_anon.kafka_io.lifecycle import StopClock
@@ -63,6 +64,7 @@ class LoopOwner(Protocol):
     the state that outlives one run and what callers watch."""
 
     cfg: Config
+    schema: Schema
     metrics: ServiceMetrics
     table: PartitionTable
     totals: MainPathTotals
@@ -118,9 +120,10 @@ class MainLoop:
         self.main.heartbeat.watch(self.lag)  # /healthz also says when no progress is made (lag, a silent broker)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
-        log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
-                 cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
-                 cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
+        req = a.requirement(self.main.schema)
+        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+                 cfg.topics.input, cfg.kafka.group_id, a.k, req.describe() if req is not None else "no diversity",
+                 a.delta, a.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
         self.main.ready.set()
         self._run_recovering()
 
