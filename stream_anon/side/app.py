@@ -37,6 +37,7 @@ a secret is generated for this run and a WARNING says that copies of different r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -69,6 +70,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
 )
 from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
+from stream_anon.kafka_io.limits import FALLBACK_MESSAGE_MAX_BYTES, read_output_bound
 from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
@@ -170,6 +172,7 @@ class SidePathApp:
             if self.processor.budgets.persistent else None
         self.budget_store: BudgetStore | None = self.budget_topic
         self._poller: Poller | None = None
+        self._bound = FALLBACK_MESSAGE_MAX_BYTES  # the output bound, read from the broker at start
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -208,6 +211,10 @@ class SidePathApp:
         def ensure_budget_topic(admin: KafkaAdminClient) -> None:
             if topic is not None:
                 retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
+            # the output bound (issue 18): dead letters cut to fit, batches never larger
+            self._bound = retry("message size limits", lambda: read_output_bound(
+                admin, wanted, max_request_size=cfg.kafka.max_request_size,
+                configured=cfg.service.max_output_bytes), cfg.kafka, stop=stop).bytes
 
         try:
             counts = prepare_topics(cfg.kafka, wanted, cfg.topics.layout(), what="create side topics",
@@ -215,7 +222,8 @@ class SidePathApp:
         except BudgetTopicError as e:
             return self._failed_start(f"not started: {e}", 2)
         # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
-        self._producer = open_producer(cfg.kafka, partition_counts=counts, on_error=self.metrics.produce_error,
+        kafka = dataclasses.replace(cfg.kafka, batch_size=min(cfg.kafka.batch_size, self._bound))
+        self._producer = open_producer(kafka, partition_counts=counts, on_error=self.metrics.produce_error,
                                        stop=StopClock(self.stop_event).give_up, label="side")
         store = self.budget_store
         if store is not None:
@@ -446,7 +454,7 @@ class SidePathApp:
         msg = dead_letter_message(input_topic=self.input_topic, partition=partition, offset=int(r.offset),
                                   reason=dl.reason, field=dl.field, error=dl.error, value=r.value, key=r.key,
                                   secret=self.secret.value, payload=o.dlq_payload,
-                                  max_payload_bytes=o.dlq_max_payload_bytes)
+                                  max_payload_bytes=o.dlq_max_payload_bytes, max_message_bytes=self._bound)
         return OutputMessage("dlq", self.topics.dlq, partition, msg.key, msg.value)
 
     def _publish(self, outputs: list[Out], partition: int, copies: Sequence[CopyBatch] = (),
