@@ -5,9 +5,9 @@ Stopping (SIGTERM, Ctrl-C): every wait on the stop path is bounded, so that a pr
 out its backoff, a recovery scan).  Outputs get :data:`STOP_GRACE_SECONDS` (counted from the moment the stop was
 requested, shared by every wait of the stop path: :class:`StopClock`) to be acknowledged; what is not is left to
 the next owner (the ledger makes its re-send byte-identical).  Each Kafka client then gets
-:data:`CLOSE_TIMEOUT_SECONDS` to close (leave the group, drain what is in flight).  Every blocking call of a running
-loop is bounded by a request timeout of at most 3 s (:data:`LOOP_REQUEST_TIMEOUT_MS`) and every backoff sleep looks at the stop
-(:func:`wait_unless`), so the stop path starts within about 3 s of the request; :class:`StopDeadline` ends the
+:data:`CLOSE_TIMEOUT_SECONDS` to close (leave the group, drain what is in flight).  Every blocking call of a
+running loop is bounded by a request timeout of at most 3 s (:data:`LOOP_REQUEST_TIMEOUT_MS`) and every backoff
+sleep looks at the stop (:func:`wait_unless`), so the stop path starts within about 3 s of the request; :class:`StopDeadline` ends the
 process at :data:`STOP_DEADLINE_SECONDS` if something still holds it (one ERROR line, exit code 3: the next start
 recovers from the ledger), a last resort that the tests require never to fire.
 
