@@ -7,12 +7,12 @@ on it, and again on every restart.  So every message the service writes (ledger 
 dead letters, side-path outputs) is kept within one bound (:class:`MessageBound`, in the sense of
 :func:`~stream_anon.formats.messages.message_size`: key + value + framing):
 
-    bound = min(broker message.max.bytes, each service topic's max.message.bytes, kafka.max_request_size,
-                service.max_output_bytes when set)
+    bound = min(each service topic's max.message.bytes, kafka.max_request_size, service.max_output_bytes when set)
 
-read at start with the admin API (``DescribeConfigs``, :func:`broker_message_limits`).  A broker that answers
-nothing for these names (Tansu answers an empty list) gets :data:`FALLBACK_MESSAGE_MAX_BYTES`, Apache Kafka's
-default, which every Kafka-compatible broker accepts.  The producers' ``batch_size`` is capped at the bound too
+read at start with the admin API (``DescribeConfigs`` on the topics, :func:`broker_message_limits`: a topic's
+effective ``max.message.bytes`` is the broker's ``message.max.bytes`` unless the topic sets its own).  A broker that
+answers nothing for these names (Tansu answers an empty list) gets :data:`FALLBACK_MESSAGE_MAX_BYTES`, Apache
+Kafka's default, which every Kafka-compatible broker accepts.  The producers' ``batch_size`` is capped at the bound too
 (a batch of many small messages is also one record batch to the broker).
 """
 
@@ -47,11 +47,14 @@ class MessageBound:
     configured: int | None = None  # service.max_output_bytes
 
     def describe(self) -> str:
-        parts = [f"broker message.max.bytes {self.broker:,}" if self.broker is not None
-                 else f"broker message.max.bytes not reported: Kafka's default {FALLBACK_MESSAGE_MAX_BYTES:,}"]
+        parts = []
+        if self.broker is not None:
+            parts.append(f"broker message.max.bytes {self.broker:,}")
         if self.topics:
             low = min(self.topics.items(), key=lambda kv: kv[1])
-            parts.append(f"lowest topic max.message.bytes {low[1]:,} ({low[0]})")
+            parts.append(f"max.message.bytes {low[1]:,} of {low[0]}, the lowest of the service's topics")
+        elif self.broker is None:
+            parts.append(f"the broker reports no limit: Kafka's default {FALLBACK_MESSAGE_MAX_BYTES:,}")
         parts.append(f"kafka.max_request_size {self.max_request_size:,}")
         if self.configured is not None:
             parts.append(f"service.max_output_bytes {self.configured:,}")
@@ -69,18 +72,13 @@ def _int_value(entry: Any) -> int | None:
 
 def broker_message_limits(admin: KafkaAdminClient, topics: Sequence[str]) -> tuple[int | None, dict[str, int]]:
     """(the broker's ``message.max.bytes``, topic -> ``max.message.bytes``) as the broker reports them; what it
-    does not report is missing (None, or absent from the dict).  Raises ``KafkaError``/``OSError`` when the broker
-    does not answer; a broker that does not support the request is treated as reporting nothing."""
-    broker: int | None = None
+    does not report is missing (None, or absent from the dict).  Only the topics are asked: a topic's effective
+    ``max.message.bytes`` is the broker's ``message.max.bytes`` unless the topic sets its own, so the broker's value
+    is None here.  Raises ``KafkaError``/``OSError`` when the broker does not answer; a broker that does not support
+    the request is treated as reporting nothing."""
+    broker: int | None = None  # (a topic's max.message.bytes is the broker's message.max.bytes unless set for it)
     limits: dict[str, int] = {}
-    try:
-        nodes = admin.describe_cluster().get("brokers") or []
-        ids = [int(n.get("node_id", n.get("broker_id"))) for n in nodes if isinstance(n, Mapping)]
-        if ids:
-            res = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(ids[0]),
-                                                         {"message.max.bytes": None})], config_filter="all")
-            for cfg in res.get("broker", {}).values():
-                broker = _int_value(cfg.get("message.max.bytes"))
+    try:  # (no DescribeCluster: Tansu 0.6 closes the connection on it)
         if topics:
             res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
                                           for t in topics], config_filter="all")
@@ -96,7 +94,8 @@ def broker_message_limits(admin: KafkaAdminClient, topics: Sequence[str]) -> tup
 def output_bound(*, broker: int | None, topics: Mapping[str, int], max_request_size: int,
                  configured: int | None = None) -> MessageBound:
     """The bound of the module docstring."""
-    candidates = [broker if broker is not None else FALLBACK_MESSAGE_MAX_BYTES, *topics.values(), max_request_size]
+    known = [*([] if broker is None else [broker]), *topics.values()]
+    candidates = [*(known or [FALLBACK_MESSAGE_MAX_BYTES]), max_request_size]
     if configured is not None:
         candidates.append(configured)
     return MessageBound(min(candidates), broker, dict(topics), max_request_size, configured)
