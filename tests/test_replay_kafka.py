@@ -302,6 +302,7 @@ class DuplicateSequenceProducer:
     def __init__(self, bs: str) -> None:
         from kafka import KafkaProducer
         self.inner = KafkaProducer(bootstrap_servers=bs, acks="all")
+        self.config = self.inner.config  # (where the replay reads back from)
         self.n = 0
         self.dropped = 0
         self.pending: list[tuple[_Future, Any, bool]] = []

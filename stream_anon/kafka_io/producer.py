@@ -48,7 +48,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
     ProducerStuckError,
 )
-from stream_anon.kafka_io.lifecycle import wait_unless
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -307,6 +307,20 @@ def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
     return conf
 
 
+class _FailedSend:
+    """A kafka-python send that failed before it was queued (e.g. no metadata within ``max_block_ms``): reported as a
+    failed delivery (re-sent, with the producer's backoff, once nothing else is in flight)."""
+
+    is_done = True
+    value = None
+
+    def __init__(self, error: BaseException) -> None:
+        self.exception = error
+
+    def succeeded(self) -> bool:
+        return False
+
+
 class KafkaPythonTransport:
     """kafka-python's ``KafkaProducer.send`` per message (public API only); outcomes read from the futures."""
 
@@ -320,8 +334,11 @@ class KafkaPythonTransport:
                 kafka_errors.TopicAuthorizationFailedError, kafka_errors.InvalidTopicError)
 
     def __init__(self, k: KafkaSettings) -> None:
+        # max_block_ms: a send waits at most this long for a topic's metadata (a topic that is gone, and is never
+        # auto-created, would hold the loop for kafka-python's default 60 s); it then fails like a delivery
         opts: dict[str, Any] = dict(acks="all", linger_ms=k.linger_ms, batch_size=k.batch_size,
-                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
+                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence,
+                                    max_block_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
         if k.compression_type:
             opts["compression_type"] = k.compression_type
         self.producer = no_auto_create(KafkaProducer(**client_options(k), **opts))
@@ -331,14 +348,20 @@ class KafkaPythonTransport:
         return len(parts) if parts else 1
 
     def submit(self, batch: OutgoingBatch) -> None:
-        send, topic, partition = self.producer.send, batch.topic, batch.partition
+        topic, partition = batch.topic, batch.partition
+
+        def send(value: bytes | None, key: bytes | None, headers: Headers) -> Any:
+            try:
+                return self.producer.send(topic, value=value, key=key, partition=partition, headers=headers)
+            except kafka_errors.KafkaTimeoutError as e:  # no metadata within max_block_ms (the topic is gone?)
+                return _FailedSend(e)
+
         try:
             if batch.per_message is None:
                 h = batch.headers
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h)
-                                 for k, v in zip(batch.keys, batch.values, strict=True)]
+                batch.handles = [send(v, k, h) for k, v in zip(batch.keys, batch.values, strict=True)]
             else:
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h)
+                batch.handles = [send(v, k, h)
                                  for k, v, h in zip(batch.keys, batch.values, batch.per_message, strict=True)]
         except self.FATAL as e:
             raise ProducerFatalError(f"producer: {e!r}") from e

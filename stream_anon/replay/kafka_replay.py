@@ -310,11 +310,15 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         if create_topic:
             stats.partitions = ensure_topic(bootstrap_servers, topic, partitions, client_config=client_config,
                                             connect_timeout_s=connect_timeout_s)
-        try:  # where this replay's records begin (a read-back after doubtful acknowledgements starts there)
-            before = topic_ends(bootstrap_servers, topic, client_config)
-        except (KafkaError, OSError) as e:  # (an unreachable broker is reported by the producer just below)
-            log.debug("replay: ends of %r not read: %r", topic, e)
-            before = {}
+        # where this replay's records begin (a read-back after doubtful acknowledgements starts there); with a
+        # producer of the caller's, its own bootstrap servers, and the read-back (if any) from the beginning
+        read_bs = bootstrap_servers if own_producer else _bootstrap_of(producer)
+        before: dict[int, int] = {}
+        if own_producer:
+            try:
+                before = topic_ends(bootstrap_servers, topic, client_config)
+            except (KafkaError, OSError) as e:  # (an unreachable broker is reported by the producer just below)
+                log.debug("replay: ends of %r not read: %r", topic, e)
         if own_producer:
             producer = make_producer(bootstrap_servers, producer_config, connect_timeout_s=connect_timeout_s)
         bar = ProgressBar(total, label=f"replay -> {topic}", enabled=progress)
@@ -357,8 +361,8 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
             stats.flush_timed_out = True
             log.error("replay: %d records not acknowledged within %g s", sent - stats.records_acked - stats.errors,
                       flush_timeout_s)
-        if doubtful:  # acknowledgements without an offset, or failures: what does the broker hold?
-            stats.stored = stats.records_acked + found_in(bootstrap_servers, topic, before, doubtful, client_config)
+        if doubtful and read_bs:  # acknowledgements without an offset, or failures: what does the broker hold?
+            stats.stored = stats.records_acked + found_in(read_bs, topic, before, doubtful, client_config)
         if end_of_stream and not stats.flush_timed_out:
             stats.end_of_stream_cut = True  # until every marker is acknowledged
             stats.end_of_stream_partitions = send_end_of_stream(producer, topic, timeout_s=flush_timeout_s)
@@ -390,6 +394,16 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
                     log.error("replay: broker %s stopped answering: %d records not acknowledged", bootstrap_servers,
                               sent - stats.records_acked - stats.errors)
     return stats
+
+
+def _bootstrap_of(producer: Any) -> str | None:
+    """The bootstrap servers of a kafka-python producer given by the caller (None: not known)."""
+    servers = getattr(producer, "config", {}).get("bootstrap_servers") if hasattr(producer, "config") else None
+    if isinstance(servers, str):
+        return servers
+    if isinstance(servers, list | tuple) and servers:
+        return ",".join(str(x) for x in servers)
+    return None
 
 
 def topic_ends(bootstrap_servers: str, topic: str, client_config: Mapping[str, Any] | None = None,

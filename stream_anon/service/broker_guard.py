@@ -160,11 +160,12 @@ class BrokerGuard:
             log.debug("broker guard: metadata request failed: %r", e)
             self.close()  # a fresh client next time
             return e
-        problems = []
-        for topic, line in topic_changes(self.baseline, now):
-            if not (topic in self.unwritten_outputs and self.unwritten(topic) and self._take_empty(topic, now[topic],
-                                                                                                  line)):
-                problems.append(line)
+        changes = topic_changes(self.baseline, now)
+        takeable = [(t, line) for t, line in changes if t in self.unwritten_outputs and self.unwritten(t)
+                    and (now[t] is None or now[t].partitions == self.baseline[t].partitions)]  # type: ignore[union-attr]
+        if len(takeable) < len(changes):  # anything else changed too: a broker that lost data, create nothing on it
+            raise BrokerDataLossError("; ".join(line for _t, line in changes))
+        problems = [line for t, line in takeable if not self._take_empty(t, now[t], line)]
         if problems:
             raise BrokerDataLossError("; ".join(problems))
         return None
