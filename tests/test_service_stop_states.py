@@ -198,3 +198,80 @@ def test_stop_with_the_pipeline_worker_frozen(adult_path: Path, tmp_path: Path) 
         record_figures("SIGTERM, pipeline worker frozen (SIGSTOP)", "tansu", records_in=BACKLOG, lost=got["lost"],
                        duplicated=got["duplicated"], k_violations=got["k_violations"], exit=rc,
                        stop_s=round(seconds, 1), recover_s=got["recover_s"])
+
+
+class FailingOutputs:
+    """A real client whose deliveries to one topic all fail with a retriable error (the producer re-sends them with
+    its backoff, up to ``kafka.retry_backoff_max_seconds``, forever)."""
+
+    def __init__(self, inner: Any, topic: str) -> None:
+        self.inner, self.topic = inner, topic
+        self.name = "failing-outputs"
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def submit(self, batch: Any) -> None:
+        if batch.topic != self.topic:
+            self.inner.submit(batch)
+            return
+        from producer_support import Refused
+        for i in range(len(batch)):
+            batch.errors[i] = Refused("not enough replicas (test)")
+            batch.resolved += 1
+        self.failed += len(batch)
+
+    def classify(self, error: Any) -> Any:
+        return "retry" if self.failed else self.inner.classify(error)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_stop_during_a_long_produce_retry_backoff_is_exit_3_within_the_bound(broker: Any, adult_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before issue 18: SIGTERM while ``OutputProducer.flush`` waited out a re-send backoff (up to 30 s) took ~31 s
+    and ended with exit 1.  The real loop (in process, the real broker), every anon delivery failing retriably."""
+    from prometheus_client import CollectorRegistry
+
+    import stream_anon.kafka_io.producer as producer_module
+    from stream_anon.config.settings import Config
+    from stream_anon.metrics.definitions import ServiceMetrics
+    from stream_anon.service.app import MainPath
+
+    bs, prefix = broker.bootstrap_servers, f"sbk{uuid.uuid4().hex[:6]}"
+    cfg = Config.load(env={}, overrides={
+        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "topics.input": f"{prefix}.raw",
+        "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed", "topics.dlq": f"{prefix}.dlq",
+        "topics.partitions": 2, "anonymization.k": 10, "anonymization.delta": 100, "service.workers": 0,
+        "service.metrics_port": 0, "side_paths.enabled": False, "kafka.retry_backoff_max_seconds": 30,
+        "service.producer_recovery_seconds": 600, "service.commit_interval_ms": 200})
+    real = producer_module.make_transport
+    clients: list[FailingOutputs] = []
+
+    def make(kafka: Any) -> Any:
+        clients.append(FailingOutputs(real(kafka), f"{prefix}.anon"))
+        return clients[-1]
+
+    monkeypatch.setattr(producer_module, "make_transport", make)
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    rc: list[int] = []
+    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
+    th.start()
+    try:
+        assert main.ready.wait(60)
+        replay_records(rows(adult_path, 3000), f"{prefix}.raw", bs, partitions=PARTITIONS)
+        deadline = time.monotonic() + 120
+        while sum(c.failed for c in clients) < 5 * 10:  # re-sent a few times: the backoff has grown (0.5, 1, 2, 4 s)
+            assert th.is_alive() and time.monotonic() < deadline, rc
+            time.sleep(0.1)
+    finally:
+        t0 = time.monotonic()
+        main.stop_event.set()
+        th.join(60)
+    seconds = time.monotonic() - t0
+    assert not th.is_alive() and seconds <= STOP_BOUND_SECONDS, seconds
+    assert rc == [3]  # stopped with outputs not acknowledged: left to the next start (was: exit 1)
+    record_figures("stop during a produce retry backoff (in-process loop, anon deliveries failing)", "tansu",
+                   records_in=3000, lost="n/a (left to the next start)", duplicated="n/a", k_violations=0, exit=3,
+                   stop_s=round(seconds, 1))
