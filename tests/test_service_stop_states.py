@@ -208,6 +208,8 @@ class FailingOutputs:
         self.inner, self.topic = inner, topic
         self.name = "failing-outputs"
         self.failed = 0
+        self.attempts = 0  # sends to the topic (each re-send of the failed messages is one)
+        self.first = 0.0  # when the first one failed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -217,6 +219,8 @@ class FailingOutputs:
             self.inner.submit(batch)
             return
         from producer_support import Refused
+        self.attempts += 1
+        self.first = self.first or time.monotonic()
         for i in range(len(batch)):
             batch.errors[i] = Refused("not enough replicas (test)")
             batch.resolved += 1
@@ -262,7 +266,8 @@ def test_stop_during_a_long_produce_retry_backoff_is_exit_3_within_the_bound(bro
         assert main.ready.wait(60)
         replay_records(rows(adult_path, 3000), f"{prefix}.raw", bs, partitions=PARTITIONS)
         deadline = time.monotonic() + 120
-        while sum(c.failed for c in clients) < 5 * 10:  # re-sent a few times: the backoff has grown (0.5, 1, 2, 4 s)
+        # one flush re-sends the failed messages after 0.5, 1, 2, 4, 8 s (15.5 s), then waits 16 s, then 30 s
+        while not any(c.first and time.monotonic() - c.first > 17.0 for c in clients):
             assert th.is_alive() and time.monotonic() < deadline, rc
             time.sleep(0.1)
     finally:
