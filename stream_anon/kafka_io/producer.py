@@ -349,11 +349,15 @@ class KafkaPythonTransport:
 
     def submit(self, batch: OutgoingBatch) -> None:
         topic, partition = batch.topic, batch.partition
+        no_metadata: list[BaseException] = []
 
         def send(value: bytes | None, key: bytes | None, headers: Headers) -> Any:
+            if no_metadata:  # the batch's topic had no metadata: the rest of the batch fails at once
+                return _FailedSend(no_metadata[0])
             try:
                 return self.producer.send(topic, value=value, key=key, partition=partition, headers=headers)
             except kafka_errors.KafkaTimeoutError as e:  # no metadata within max_block_ms (the topic is gone?)
+                no_metadata.append(e)
                 return _FailedSend(e)
 
         try:
