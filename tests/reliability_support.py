@@ -5,21 +5,26 @@ for the closing note of issue 18."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from apache_kafka_support import ServiceProcess as BaseServiceProcess
 from apache_kafka_support import wait_for
 from durable_broker import child_env
 from kafka import KafkaConsumer, TopicPartition
 
-__all__ = ["ServiceProcess", "audit", "committed", "drained", "outcome", "record_figures", "service_cmd",
+from stream_anon.kafka_io.broker import EmbeddedBroker
+
+__all__ = ["Broker", "ServiceProcess", "own_broker", "audit", "committed", "drained", "outcome", "record_figures", "service_cmd",
            "topic_flags", "wait_for"]
 
 ROLES = ("anon", "suppressed", "dlq")
@@ -123,3 +128,33 @@ def outcome(bs: str, prefix: str, ends: dict[int, int], *, k: int, l: int | None
     violations = int(sum(n < k for n in sizes)) + (int(sum(d < l for d in distinct)) if l else 0)
     return {"lost": len(acc.missing) + sum(len(c.missing) for c in snap.published.values()),
             "duplicated": len(acc.duplicates) + dup_out, "k_violations": violations, "snapshot": snap}
+
+
+@dataclass
+class Broker:
+    """A broker a test may freeze: its name (tansu, apache-kafka), bootstrap servers, freeze and thaw."""
+
+    name: str
+    bootstrap_servers: str
+    freeze: Callable[[], None]
+    thaw: Callable[[], None]
+
+
+@pytest.fixture(params=["tansu", "apache-kafka"])
+def own_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
+    """A broker of the test's own (it gets frozen): Tansu, or one Apache Kafka node."""
+    if request.param == "tansu":
+        with EmbeddedBroker(log_path=tmp_path / "tansu.log") as b:
+            yield Broker("tansu", b.bootstrap_servers, b.freeze, b.thaw)
+        return
+    from apache_kafka_support import start_cluster
+    cluster = start_cluster(tmp_path / "kafka", 1)
+    stack = contextlib.ExitStack()
+    try:
+        yield Broker("apache-kafka", cluster.bootstrap_servers, lambda: stack.enter_context(cluster.frozen(1)),
+                     stack.close)
+    finally:
+        stack.close()
+        cluster.stop(timeout_s=15)
+
+

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -169,14 +170,14 @@ FREEZE_SECONDS = 20.0
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(adult_path: Path, tmp_path: Path) -> None:
+def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(own_broker: Any, adult_path: Path,
+                                                                 tmp_path: Path) -> None:
     from reliability_support import record_figures
-
-    from stream_anon.kafka_io.broker import EmbeddedBroker
 
     port = free_port()
     records = adult_records(adult_path, 20000)
-    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
+    broker = own_broker
+    if True:
         bs = broker.bootstrap_servers
         log = tmp_path / "run.log"
         cmd = [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--bootstrap-servers", bs,
@@ -216,7 +217,7 @@ def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(adult_path: Pat
             assert "Traceback" not in log.read_text()
             print(f"\nbroker frozen {FREEZE_SECONDS:.0f} s: since progress {seen[-1][1]:.0f} s, unanswered "
                   f"{seen[-1][2]:.0f} s, /healthz '{body.strip()}', alert firing; drained {recovered:.1f} s after")
-            record_figures("broker frozen 20 s (liveness)", "tansu", records_in=len(records), lost="n/a",
+            record_figures("broker frozen 20 s (liveness)", broker.name, records_in=len(records), lost="n/a",
                            duplicated="n/a", k_violations="n/a", recover_s=round(recovered, 1),
                            since_progress_at_thaw=round(seen[-1][1]), unanswered_at_thaw=round(seen[-1][2]))
         finally:

@@ -17,14 +17,13 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaProducer
 from reliability_support import (
+    Broker,
     ServiceProcess,
     committed,
     drained,
@@ -43,32 +42,6 @@ from stream_anon.service.audit import partition_ends, send_flush_markers
 STOP_BOUND_SECONDS = 10.0
 PARTITIONS = 2
 BACKLOG = 8000
-
-
-@dataclass
-class Broker:
-    name: str
-    bootstrap_servers: str
-    freeze: Callable[[], None]
-    thaw: Callable[[], None]
-
-
-@pytest.fixture(params=["tansu", "apache-kafka"])
-def own_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
-    """A broker of the test's own (it gets frozen): Tansu, or one Apache Kafka node."""
-    if request.param == "tansu":
-        with EmbeddedBroker(log_path=tmp_path / "tansu.log") as b:
-            yield Broker("tansu", b.bootstrap_servers, b.freeze, b.thaw)
-        return
-    from apache_kafka_support import start_cluster
-    cluster = start_cluster(tmp_path / "kafka", 1)
-    stack = contextlib.ExitStack()
-    try:
-        yield Broker("apache-kafka", cluster.bootstrap_servers, lambda: stack.enter_context(cluster.frozen(1)),
-                     stack.close)
-    finally:
-        stack.close()
-        cluster.stop(timeout_s=15)
 
 
 def rows(adult_path: Path, n: int) -> list[dict[str, Any]]:
