@@ -60,10 +60,6 @@ def bs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield request.getfixturevalue("apache_kafka").bootstrap_servers
 
 
-def broker_name(bs_fixture: Any, request: pytest.FixtureRequest) -> str:
-    return str(request.node.callspec.params["bs"])
-
-
 def rows(adult_path: Path, n: int) -> list[dict[str, Any]]:
     adult = read_adult(adult_path).head(n)
     return [dict(zip(adult.columns, (v.item() if hasattr(v, "item") else v for v in row), strict=True))
@@ -121,7 +117,7 @@ def test_a_deleted_ledger_ends_every_start_with_exit_4_until_the_operator_acts(b
         assert "creating new ones" not in again.text()  # no producer recreation
     # the operator starts over: a new group, a new ledger and new output topics over the same input
     fresh = f"{prefix}.new"
-    ends = {p: n + 1 for p, n in committed_ends(bs, f"{prefix}.raw").items()}
+    ends = {p: n + 1 for p, n in input_ends(bs, f"{prefix}.raw").items()}
     send_end_markers(bs, f"{prefix}.raw")
     cmd = service_cmd(bs, prefix, "--group-id", f"{fresh}-main", "--set", f"topics.ledger={fresh}.ledger",
                       *[x for role in ("anon", "suppressed", "dlq") for x in ("--set", f"topics.{role}={fresh}.{role}")])
@@ -137,7 +133,8 @@ def test_a_deleted_ledger_ends_every_start_with_exit_4_until_the_operator_acts(b
                    restarts_exit_4_s=[round(s, 1) for s in starts], stop_s_after_starting_over=round(stop_s, 1))
 
 
-def committed_ends(bs: str, topic: str) -> dict[int, int]:
+def input_ends(bs: str, topic: str) -> dict[int, int]:
+    """Partition -> end offset of ``topic`` (from a fetch)."""
     from stream_anon.service.audit import partition_ends
     return partition_ends(bs, topic)
 
@@ -180,7 +177,7 @@ def test_an_empty_dead_letter_topic_deleted_is_not_data_loss(bs: str, adult_path
     with svc:
         delete_topic(bs, f"{prefix}.dlq")
         wait_for("the guard took the change", lambda: "this service had written nothing to it" in svc.text(), svc, 60)
-        ends = {p: n + 1 for p, n in committed_ends(bs, f"{prefix}.raw").items()}
+        ends = {p: n + 1 for p, n in input_ends(bs, f"{prefix}.raw").items()}
         send_end_markers(bs, f"{prefix}.raw")
         waited = wait_for("drained", drained(bs, prefix, ends), svc, 300)
         rc, stop_s = svc.stop()
@@ -220,7 +217,7 @@ def test_input_partitions_added_stop_the_start_until_the_ledger_has_as_many(apac
     more = rows(adult_path, BACKLOG + 2000)[BACKLOG:]
     replay_records(more, f"{prefix}.raw", bs)  # spread over the 4 partitions by key
     send_end_markers_n(bs, f"{prefix}.raw", 4)
-    ends = committed_ends(bs, f"{prefix}.raw")
+    ends = input_ends(bs, f"{prefix}.raw")
     with ServiceProcess(service_cmd(bs, prefix), tmp_path / "after.log") as svc3:
         wait_for("drained", lambda: committed(bs, f"{prefix}-main", f"{prefix}.raw", 4) == ends, svc3, 300)
         rc, stop_s = svc3.stop()
