@@ -212,13 +212,26 @@ def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(own_broker: Any
                      and unanswered(port) == 0, 180, log)
             recovered = time.monotonic() - t_thaw
             wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
+            # and nothing was lost or published twice across the freeze (end markers, drained, from the ledger)
+            from kafka import KafkaProducer
+            from reliability_support import outcome
+
+            from stream_anon.service.audit import partition_ends, send_flush_markers
+            producer = KafkaProducer(bootstrap_servers=bs)
+            send_flush_markers(producer, "adult.raw", [0])
+            producer.close()
+            ends = partition_ends(bs, "adult.raw")
+            wait_for("end markers accounted", lambda: lag(port) == 0 and since_progress(port) == 0
+                     and "control 1" in outcome_line(bs, ends), 180, log)
+            got = outcome(bs, "adult", ends, k=10, l=2)
+            assert (got["lost"], got["duplicated"], got["k_violations"]) == (0, 0, 0), got
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
             assert "Traceback" not in log.read_text()
             print(f"\nbroker frozen {FREEZE_SECONDS:.0f} s: since progress {seen[-1][1]:.0f} s, unanswered "
                   f"{seen[-1][2]:.0f} s, /healthz '{body.strip()}', alert firing; drained {recovered:.1f} s after")
-            record_figures("broker frozen 20 s (liveness)", broker.name, records_in=len(records), lost="n/a",
-                           duplicated="n/a", k_violations="n/a", recover_s=round(recovered, 1),
+            record_figures("broker frozen 20 s (liveness)", broker.name, records_in=len(records), lost=got["lost"],
+                           duplicated=got["duplicated"], k_violations=got["k_violations"], recover_s=round(recovered, 1),
                            since_progress_at_thaw=round(seen[-1][1]), unanswered_at_thaw=round(seen[-1][2]))
         finally:
             prometheus.terminate()
@@ -226,3 +239,11 @@ def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(own_broker: Any
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def outcome_line(bs: str, ends: dict[int, int]) -> str:
+    """The outcomes line of an audit of the default topics (e.g. "control 1" once the end marker is accounted)."""
+    from stream_anon.service.audit import audit_lines, collect_outputs
+    snap = collect_outputs(bs, input_topic="adult.raw", anon="adult.anon", suppressed="adult.suppressed",
+                           dlq="adult.dlq", qis=[], sensitive=[], input_ends=ends, timeout_s=20)
+    return audit_lines(snap)[1]
