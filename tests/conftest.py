@@ -14,7 +14,7 @@ import pytest
 from stream_anon.kafka_io.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
 from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 
-pytest_plugins = ["apache_kafka_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
+pytest_plugins = ["apache_kafka_support", "reliability_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
 
 
 @pytest.fixture(scope="session")

@@ -61,11 +61,12 @@ def seeded_ids(seed: int) -> Callable[[], str]:
     return lambda: f"{rng.getrandbits(128):032x}"
 
 
-def factory(incarnation: str = "i0", gate: PrePublishGate | None = None, seed: int = 0) -> EntryFactory:
+def factory(incarnation: str = "i0", gate: PrePublishGate | None = None, seed: int = 0,
+            bound: int | None = None) -> EntryFactory:
     schema = adult_schema()
     enc = ClassEncoder(qis=[a.name for a in schema.qis], sensitive=["income"], k=K, new_class_id=seeded_ids(seed))
     return EntryFactory(input_topic=TOPIC, partition=P, incarnation=incarnation, classes=enc, secret=SECRET,
-                        gate=gate)
+                        gate=gate, max_message_bytes=bound)
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -79,7 +80,7 @@ def test_entries_and_checkpoints_round_trip() -> None:
     f = factory()
     entries = [
         _class_entry(),
-        f.suppressed(offsets=[7], record_ids=["r7"], reason="delay_bound", horizon=20),
+        *f.suppressed(offsets=[7], record_ids=["r7"], reason="delay_bound", horizon=20),
         f.dead_letter(offset=8, reason="malformed_json", field="\ud800", error="bad", value=b"\xff\xfe{",
                       key=b"\x00\xff", horizon=20),
         f.control(offset=21, horizon=21),
@@ -169,7 +170,7 @@ def _ck(w: int, h: int, seq: int, ends: dict[str, int] | None = None) -> Checkpo
 def test_scan_stops_at_the_first_checkpoint_below_the_threshold_and_reports_everything() -> None:
     f = factory()
     e1 = f.control(offset=0, horizon=0)
-    e2 = f.suppressed(offsets=[1], record_ids=["a"], reason="delay_bound", horizon=4)
+    [e2] = f.suppressed(offsets=[1], record_ids=["a"], reason="delay_bound", horizon=4)
     e3 = _class_entry(offsets=(6, 8), horizon=9)
     e4 = f.control(offset=10, horizon=10)
     foreign = Checkpoint("other.raw", P, 0, 0, (), 1, "x")
@@ -208,7 +209,7 @@ def test_scan_without_committed_offset_uses_the_checkpoint_and_without_either_re
 
 def test_scan_reports_an_offset_held_by_two_different_entries() -> None:
     f = factory()
-    a = f.suppressed(offsets=[3], record_ids=["a"], reason="delay_bound", horizon=3)
+    [a] = f.suppressed(offsets=[3], record_ids=["a"], reason="delay_bound", horizon=3)
     b = f.dead_letter(offset=3, reason="empty", field=None, error=None, value=None, key=None, horizon=3)
     plan = _scan(_records([a, b]), committed=0)[0].finish()
     assert plan.conflicts == ((3, (0, 1)),)
@@ -216,8 +217,8 @@ def test_scan_reports_an_offset_held_by_two_different_entries() -> None:
 
 def test_pending_excludes_entries_wholly_below_the_committed_offset_and_resend_is_byte_identical() -> None:
     f = factory()
-    done = f.suppressed(offsets=[2], record_ids=["a"], reason="delay_bound", horizon=6)
-    open_ = f.suppressed(offsets=[6], record_ids=["b"], reason="delay_bound", horizon=6)
+    [done] = f.suppressed(offsets=[2], record_ids=["a"], reason="delay_bound", horizon=6)
+    [open_] = f.suppressed(offsets=[6], record_ids=["b"], reason="delay_bound", horizon=6)
     plan = _scan(_records([_ck(0, -1, 1), done, open_]), committed=4)[0].finish()
     assert plan.pending == (open_,)
     presence = OutputPresence()
@@ -233,8 +234,8 @@ def test_pending_excludes_entries_wholly_below_the_committed_offset_and_resend_i
 def test_outbox_tracks_ends_and_names_tombstones_only_once_they_are_safe() -> None:
     f = factory()
     box = PartitionOutbox(TOPIC, P, incarnation="x", ends={"anon": 3})
-    e1 = f.suppressed(offsets=[1, 2], record_ids=["a", "b"], reason="delay_bound", horizon=5)
-    e2 = f.suppressed(offsets=[4, 9], record_ids=["c", "d"], reason="delay_bound", horizon=9)
+    [e1] = f.suppressed(offsets=[1, 2], record_ids=["a", "b"], reason="delay_bound", horizon=5)
+    [e2] = f.suppressed(offsets=[4, 9], record_ids=["c", "d"], reason="delay_bound", horizon=9)
     box.record(e1)
     box.record(e2)
     box.acked("anon", 7)
@@ -257,7 +258,7 @@ def test_outbox_tracks_ends_and_names_tombstones_only_once_they_are_safe() -> No
 def test_accounting_counts_each_offset_once_and_finds_duplicates_gaps_and_corruption() -> None:
     f = factory()
     entries = [f.control(offset=0, horizon=0),
-               f.suppressed(offsets=[1, 3], record_ids=["a", "c"], reason="gate", horizon=3),
+               *f.suppressed(offsets=[1, 3], record_ids=["a", "c"], reason="gate", horizon=3),
                f.dead_letter(offset=2, reason="empty", field=None, error=None, value=None, key=None, horizon=3)]
     recs = _records([*entries, entries[1], b"junk", None])
     acc = LedgerAccounting(TOPIC)
@@ -280,12 +281,12 @@ def test_gate_refusal_becomes_a_suppressed_entry_with_reason_gate() -> None:
     rows = read_adult_head(12)
     gen = {a.name: (f"[{a.lo:.0f}-{a.hi:.0f}]" if a.kind.value == "numeric" else "*") for a in schema.qis}
     f = factory(gate=PrePublishGate(schema, k=K))
-    e, verdict = f.released_class(offsets=[0, 1, 2, 3], record_ids=["a", "b", "c", "d"], members=rows[:4],
+    [e], verdict = f.released_class(offsets=[0, 1, 2, 3], record_ids=["a", "b", "c", "d"], members=rows[:4],
                                   generalized=gen, size=4, loss=0.5, horizon=3)
     assert verdict is not None and not verdict.ok and verdict.failures == ("k",)
     assert e.kind == "suppressed" and e.reason == "gate" and e.outputs[0].role == "suppressed"
     assert json.loads(e.outputs[0].value)["detail"] == verdict.describe()
-    e, verdict = f.released_class(offsets=[4, 0, 1, 2, 3], record_ids=["e", "a", "b", "c", "d"], members=rows[:5],
+    [e], verdict = f.released_class(offsets=[4, 0, 1, 2, 3], record_ids=["e", "a", "b", "c", "d"], members=rows[:5],
                                   generalized=gen, size=99, loss=0.5, horizon=4)
     assert verdict is not None and verdict.ok and e.kind == "class" and e.offsets == (0, 1, 2, 3, 4)
     assert e.record_ids == ("a", "b", "c", "d", "e")
@@ -537,17 +538,17 @@ def decode(schema: Any, value: bytes) -> dict[str, Any] | tuple[str, str | None]
 
 def run_incarnation(broker: SimBroker, inputs: Sequence[bytes], crash: CrashPlan, *, landing: str, seed: int,
                     incarnation: str, batch: int = 23, commit_every: int = 2, chunk: int = 5,
-                    broken_order: bool = False, compact: bool = False) -> None:
+                    broken_order: bool = False, compact: bool = False, bound: int | None = None) -> None:
     """One service incarnation, crashing at ``crash``'s point: the SHIPPING recovery, outbox and committer
     (:class:`PartitionRecovery`, :class:`LedgerOutbox`, :class:`Committer`) against the simulated broker, with a
     simple pipeline (the real engine) feeding them.  ``broken_order`` sends outputs before their ledger entries
     (must be caught); ``compact`` recovers from a compacted view of the ledger (what Kafka keeps after
-    tombstones)."""
+    tombstones); ``bound``: the output bound (class entries larger than it go to the ledger in chunks)."""
     schema = adult_schema()
     net = SimNetwork(broker, crash)
     producers = SimProducers(net)
     table = PartitionTable()
-    topics = Topics(input=TOPIC, ledger=LEDGER, roles=ROLE_TOPIC)
+    topics = Topics(input=TOPIC, ledger=LEDGER, roles=ROLE_TOPIC, max_message_bytes=bound)
     recovery = PartitionRecovery(table, producers, SimReader(broker, crash, compact=compact), topics,
                                  group="sim-group", chunk=chunk)
     outbox = OutputsFirst(table, producers, topics, net=net) if broken_order else LedgerOutbox(table, producers, topics)
@@ -563,7 +564,8 @@ def run_incarnation(broker: SimBroker, inputs: Sequence[bytes], crash: CrashPlan
         owned, start = recovered.owned, recovered.start
         # ---- the pipeline (the real engine), feeding the outbox and the committer
         engine = Engine(schema, EngineConfig(k=K, delta=40, beta=8, mu=10, zeta=0, seed=seed))
-        f = factory(owned.incarnation, gate=PrePublishGate(schema, k=K), seed=seed * 7919 + len(broker.log(LEDGER)))
+        f = factory(owned.incarnation, gate=PrePublishGate(schema, k=K), seed=seed * 7919 + len(broker.log(LEDGER)),
+                    bound=bound)
         horizon = plan.horizon
         buffered: dict[int, Any] = {}  # offset -> input record id
         next_offset = start
@@ -574,11 +576,11 @@ def run_incarnation(broker: SimBroker, inputs: Sequence[bytes], crash: CrashPlan
                 offs = [int(o) for o in r.record_ids]
                 rids = [buffered.pop(o) for o in offs]
                 if r.kind == "class":
-                    out.append(f.released_class(offsets=offs, record_ids=rids, members=r.records,
+                    out.extend(f.released_class(offsets=offs, record_ids=rids, members=r.records,
                                                 generalized=r.generalized, size=r.size, loss=r.loss,
                                                 horizon=horizon)[0])
                 else:
-                    out.append(f.suppressed(offsets=offs, record_ids=rids, horizon=horizon,
+                    out.extend(f.suppressed(offsets=offs, record_ids=rids, horizon=horizon,
                                             reason="leftover" if r.leftover else "delay_bound"))
             return out
 
@@ -688,7 +690,8 @@ def crash_points(inputs: Sequence[bytes], **kw: Any) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def stream() -> list[bytes]:
+def stream(adult_path: Any) -> list[bytes]:
+    _ADULT_CACHE["path"] = adult_path  # (module scope: set up before the autouse fixture of a test)
     return make_input(160)
 
 
@@ -723,6 +726,33 @@ def test_crash_at_every_point_of_the_outbox_sequence_keeps_the_three_guarantees(
     assert STATS["skipped"] > before["skipped"] and STATS["pending"] > before["pending"]
     if landing != "all":
         assert STATS["resent"] > before["resent"]
+
+
+CHUNK_BOUND = 1200
+"""An output bound small enough that most class entries of the simulated stream go to the ledger in chunks."""
+
+
+def test_crash_between_the_chunks_of_large_entries_keeps_the_three_guarantees(stream: list[bytes]) -> None:
+    """Class entries in chunks (a small output bound): a crash at every point, with the first half of what was in
+    flight landing, leaves entries with only some of their chunks; they count for nothing (all chunks or none),
+    their records are processed again, and the guarantees hold."""
+    names = crash_points(stream, bound=CHUNK_BOUND)
+    failures = {}
+    incomplete = chunked = 0
+    for at in range(len(names)):
+        broker = complete_run(stream, [at], "half", bound=CHUNK_BOUND)
+        problems = check_guarantees(broker, stream)
+        if problems:
+            failures[(at, names[at])] = problems
+        acc = LedgerAccounting(TOPIC)
+        acc.add(P, [LedgerRecord(i, k, v) for i, (k, v) in enumerate(broker.log(LEDGER))])
+        rep = acc.report({P: len(stream)})
+        incomplete += len(rep.incomplete)
+        chunked += rep.chunked
+        assert all(len(k or b"") + len(v or b"") + 512 <= CHUNK_BOUND for t in (LEDGER, *ROLE_TOPIC.values())
+                   for k, v in broker.log(t))
+    assert failures == {}
+    assert chunked > 100 and incomplete > 0  # large entries were chunked, and some crashes fell between chunks
 
 
 def test_crashes_during_recovery_and_repeated_crashes(stream: list[bytes]) -> None:

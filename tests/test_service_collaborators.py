@@ -15,7 +15,7 @@ from kafka.structs import OffsetAndMetadata
 
 from stream_anon.kafka_io.errors import CommitFailedError, ConsumerFailedError
 from stream_anon.kafka_io.poller import FailingPolls, GroupPoller
-from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX, ProducerFailurePolicy, failure_window
+from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX, ProducerFailurePolicy
 from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
 
@@ -24,38 +24,34 @@ TOPIC = "in.raw"
 
 # ---------------------------------------------------------------------------------------------- failure policy
 def test_more_than_the_maximum_failures_in_a_row_while_the_broker_answers_exhaust_the_policy() -> None:
-    policy = ProducerFailurePolicy(window_s=100.0)
+    policy = ProducerFailurePolicy()
     for i in range(PRODUCER_RECREATIONS_MAX):
-        assert policy.failed(now=float(i), progress=0, broker_answered=True) == i + 1
+        assert policy.failed(progress=0, broker_answered=True) == i + 1
         assert not policy.exhausted
-    policy.failed(now=10.0, progress=0, broker_answered=True)
+    policy.failed(progress=0, broker_answered=True)
     assert policy.exhausted and policy.in_row == PRODUCER_RECREATIONS_MAX + 1
 
 
 def test_progress_after_a_failure_starts_a_new_row() -> None:
-    policy = ProducerFailurePolicy(window_s=100.0, max_failures=2)
-    policy.failed(now=0.0, progress=5, broker_answered=True)
-    policy.failed(now=1.0, progress=5, broker_answered=True)
-    assert policy.failed(now=2.0, progress=6, broker_answered=True) == 1  # a commit made progress meanwhile
+    policy = ProducerFailurePolicy(max_failures=2)
+    policy.failed(progress=5, broker_answered=True)
+    policy.failed(progress=5, broker_answered=True)
+    assert policy.failed(progress=6, broker_answered=True) == 1  # a commit made progress meanwhile
     assert not policy.exhausted
-    policy.failed(now=3.0, progress=6, broker_answered=True)
-    policy.failed(now=4.0, progress=6, broker_answered=True)
+    policy.failed(progress=6, broker_answered=True)
+    policy.failed(progress=6, broker_answered=True)
     assert policy.exhausted
 
 
-def test_failures_while_the_broker_is_silent_or_outside_the_window_do_not_count() -> None:
-    policy = ProducerFailurePolicy(window_s=10.0, max_failures=1)
-    for t in range(5):
-        assert policy.failed(now=float(t), progress=0, broker_answered=False) == 0  # an outage is not the client's
-    assert policy.failed(now=5.0, progress=0, broker_answered=True) == 1
-    assert policy.failed(now=16.0, progress=0, broker_answered=True) == 1  # the one at 5 s left the window
+def test_failures_while_the_broker_is_silent_do_not_count_and_slow_ones_do() -> None:
+    """Issue 18: failures 62 s apart (a producer stuck for the 60 s bound, again and again) never fitted the old
+    180 s window: the service recreated its producers every minute forever.  The row has no time window."""
+    policy = ProducerFailurePolicy(max_failures=1)
+    for _ in range(5):
+        assert policy.failed(progress=0, broker_answered=False) == 0  # an outage is not the client's
+    assert policy.failed(progress=0, broker_answered=True) == 1
     assert not policy.exhausted
-    assert policy.failed(now=17.0, progress=0, broker_answered=True) == 2 and policy.exhausted
-
-
-def test_the_window_is_three_recovery_bounds_and_at_least_a_minute() -> None:
-    assert failure_window(60.0) == 180.0
-    assert failure_window(1.5) == 60.0
+    assert policy.failed(progress=0, broker_answered=True) == 2 and policy.exhausted  # however long after
 
 
 # ---------------------------------------------------------------------------------------------- partition table

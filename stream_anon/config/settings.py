@@ -41,6 +41,7 @@ from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
 from stream_anon.kafka_io.settings import (
     CONSUMER_CLIENTS,
+    MIN_OUTPUT_BOUND,
     PRODUCER_CLIENTS,
     BootstrapAddressError,
     KafkaSettings,
@@ -196,6 +197,7 @@ class ServiceSettings:
 
     max_message_bytes: int = 65536  # larger input messages go to the DLQ as "oversized"
     dlq_max_bytes: int = 1000000  # original bytes kept in a DLQ entry (longer ones are truncated, flagged)
+    max_output_bytes: int | None = None  # largest message written (None: the broker's limit, read at start)
     workers: int = 1  # pipeline worker processes (0 = in the service's thread); partition p -> worker p mod n
     commit_interval_ms: int = 500  # flush producer + commit watermarks at most this often
     poll_timeout_ms: int = 200
@@ -281,6 +283,8 @@ class Config:
         s, k, t = self.service, self.kafka, self.topics
         checks: list[tuple[str, bool, str, Any]] = [
             ("service.max_message_bytes", s.max_message_bytes > 0, "a positive integer", s.max_message_bytes),
+            ("service.max_output_bytes", s.max_output_bytes is None or s.max_output_bytes >= MIN_OUTPUT_BOUND,
+             f"empty (the broker's limit) or an integer >= {MIN_OUTPUT_BOUND}", s.max_output_bytes),
             ("service.workers", s.workers >= 0, "an integer >= 0 (0 = inline)", s.workers),
             ("service.commit_interval_ms", s.commit_interval_ms >= 0, "an integer >= 0", s.commit_interval_ms),
             ("service.producer_recovery_seconds", s.producer_recovery_seconds > 0, "a number of seconds > 0",

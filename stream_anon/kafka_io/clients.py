@@ -21,6 +21,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from stream_anon.kafka_io.address import PROBE_SLICE_SECONDS, BrokerUnreachableError, wait_for_broker
 from stream_anon.kafka_io.errors import BrokerUnavailableError
+from stream_anon.kafka_io.lifecycle import wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings, TopicLayout
 
 log = logging.getLogger(__name__)
@@ -118,13 +119,8 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
                         k.bootstrap_servers, why, attempt, delay)
             if on_retry is not None:
                 on_retry()
-            until = time.monotonic() + delay
-            while True:  # the backoff, in slices: a stop ends it within PROBE_SLICE_SECONDS
-                if stop is not None and stop():
-                    raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
-                if time.monotonic() >= until:
-                    break
-                time.sleep(min(PROBE_SLICE_SECONDS, until - time.monotonic()))
+            if wait_unless(delay, stop, PROBE_SLICE_SECONDS):  # a stop cuts the backoff short
+                raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
     raise AssertionError("unreachable")
 
 

@@ -54,6 +54,7 @@ from stream_anon.kafka_io.errors import (
     ProducerFatalError,
     ProducerStuckError,
 )
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,20 @@ def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
     return conf
 
 
+class _FailedSend:
+    """A kafka-python send that failed before it was queued (e.g. no metadata within ``max_block_ms``): reported as a
+    failed delivery (re-sent, with the producer's backoff, once nothing else is in flight)."""
+
+    is_done = True
+    value = None
+
+    def __init__(self, error: BaseException) -> None:
+        self.exception = error
+
+    def succeeded(self) -> bool:
+        return False
+
+
 class KafkaPythonTransport:
     """kafka-python's ``KafkaProducer.send`` per message (public API only); outcomes read from the futures."""
 
@@ -316,8 +331,11 @@ class KafkaPythonTransport:
                 kafka_errors.TopicAuthorizationFailedError, kafka_errors.InvalidTopicError)
 
     def __init__(self, k: KafkaSettings) -> None:
+        # max_block_ms: a send waits at most this long for a topic's metadata (a topic that is gone, and is never
+        # auto-created, would hold the loop for kafka-python's default 60 s); it then fails like a delivery
         opts: dict[str, Any] = dict(acks="all", linger_ms=k.linger_ms, batch_size=k.batch_size,
-                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
+                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence,
+                                    max_block_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
         if k.compression_type:
             opts["compression_type"] = k.compression_type
         self.producer = no_auto_create(KafkaProducer(**client_options(k), **opts))
@@ -327,14 +345,25 @@ class KafkaPythonTransport:
         return len(parts) if parts else 1
 
     def submit(self, batch: OutgoingBatch) -> None:
-        send, topic, partition, ts = self.producer.send, batch.topic, batch.partition, batch.timestamp_ms
+        topic, partition, ts = batch.topic, batch.partition, batch.timestamp_ms
+        no_metadata: list[BaseException] = []
+
+        def send(value: bytes | None, key: bytes | None, headers: Headers) -> Any:
+            if no_metadata:  # the batch's topic had no metadata: the rest of the batch fails at once
+                return _FailedSend(no_metadata[0])
+            try:
+                return self.producer.send(topic, value=value, key=key, partition=partition, headers=headers,
+                                          timestamp_ms=ts)
+            except kafka_errors.KafkaTimeoutError as e:  # no metadata within max_block_ms (the topic is gone?)
+                no_metadata.append(e)
+                return _FailedSend(e)
+
         try:
             if batch.per_message is None:
                 h = batch.headers
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
-                                 for k, v in zip(batch.keys, batch.values, strict=True)]
+                batch.handles = [send(v, k, h) for k, v in zip(batch.keys, batch.values, strict=True)]
             else:
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
+                batch.handles = [send(v, k, h)
                                  for k, v, h in zip(batch.keys, batch.values, batch.per_message, strict=True)]
         except self.FATAL as e:
             raise ProducerFatalError(f"producer: {e!r}") from e
@@ -544,6 +573,12 @@ class OutputProducer:
                 self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
                 raise
         while self._open or self._failed:
+            if self.stop is not None and self.stop():  # stopping and its grace is over: not one more slice
+                acked += self._settle(raise_errors=False)
+                n_left = sum(len(b) - b.resolved for b in self._open) + sum(len(i) for _b, i in self._failed)
+                if n_left or self._unchecked:
+                    raise BrokerUnavailableError(f"{n_left} {self.label} messages not acknowledged at shutdown")
+                break
             if self._open:  # short slices: a stop, a stuck client, the watchdog are noticed within a slice
                 self.transport.wait(min(wait_s, FLUSH_SLICE_SECONDS))
             acked += self._settle(raise_errors=True)
@@ -567,7 +602,9 @@ class OutputProducer:
             elif self._failed:  # re-sent in their order once nothing else is in flight
                 d = next(delays)
                 log.warning("%d %s messages not acknowledged; re-sending in %.1f s", n_failed, self.label, d)
-                time.sleep(d)
+                if wait_unless(d, self.stop):  # a stop cuts the backoff short (its grace is over)
+                    raise BrokerUnavailableError(f"{n_failed} {self.label} messages not acknowledged at shutdown "
+                                                 f"(waiting to re-send them)")
                 failed, self._failed = self._failed, []
                 for b, idx in failed:
                     self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)

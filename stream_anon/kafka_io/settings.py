@@ -49,6 +49,13 @@ def parse_bootstrap_servers(text: str) -> list[tuple[str, int]]:
     return out
 
 
+FALLBACK_MESSAGE_MAX_BYTES = 1_048_588
+"""Apache Kafka's default ``message.max.bytes``: the output bound when the broker does not report its own
+(:mod:`stream_anon.kafka_io.limits`)."""
+MIN_OUTPUT_BOUND = 16 * 1024
+"""The smallest output bound the service runs with (every fixed part of a message, e.g. a dead letter's fields,
+fits); ``service.max_output_bytes`` below it is refused."""
+
 COMPACTED_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
 """Topic configuration of a compacted topic (the ledger: docs/threat-model.md, "Bounded growth")."""
 

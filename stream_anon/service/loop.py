@@ -29,11 +29,11 @@ from stream_anon.config.settings import Config
 from stream_anon.core.schema import Schema
 from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
-from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
+from stream_anon.kafka_io.lifecycle import StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
-from stream_anon.service.failure_policy import ProducerFailurePolicy, failure_window
+from stream_anon.service.failure_policy import ProducerFailurePolicy
 from stream_anon.service.ledger import RecoveryPlan
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.outbox import LedgerOutbox
@@ -53,6 +53,10 @@ from stream_anon.service.workers import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+FINAL_COLLECT_SECONDS = 0.5
+"""On the stop path, at least this long for the pipeline workers to hand back the batches they hold (they are local:
+a batch takes milliseconds), even when the stop grace is over."""
 
 
 class LoopOwner(Protocol):
@@ -104,12 +108,18 @@ class MainLoop:
         self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
+        # an output topic this member never wrote to that is deleted or recreated lost nothing (broker_guard)
+        self._written_roles: set[str] = set()
+        self.health.guard.unwritten_outputs = frozenset(topics.roles.values())
+        self.health.guard.unwritten = self._unwritten
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
+        self.broker_silent = False  # the stop path's commit was not answered: no client waits for the broker again
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
         """Until the service is told to stop; raises what ends the run (``MainPath.run`` maps it to an exit code)."""
         self.lag.start()  # (first: the stop path stops it whatever happens next)
+        self.main.heartbeat.watch(self.lag)  # /healthz also says when no progress is made (lag, a silent broker)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
         req = a.requirement(self.main.schema)
@@ -123,8 +133,7 @@ class MainLoop:
         """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger, as
         long as the failure policy allows (an outage never counts; a commit of progress starts a new row)."""
         progress = self.main.progress
-        policy = ProducerFailurePolicy(failure_window(self.cfg.service.producer_recovery_seconds),
-                                       progress=progress.made)
+        policy = ProducerFailurePolicy(progress=progress.made)
         error: ProducerFatalError | None = None
         while True:
             try:
@@ -137,10 +146,10 @@ class MainLoop:
                 if self.main.stop_event.is_set():
                     raise
                 answered = self.health.check_data(force=True)  # the broker answers (and kept its data)
-                policy.failed(now=time.monotonic(), progress=progress.made, broker_answered=answered)
+                policy.failed(progress=progress.made, broker_answered=answered)
                 if policy.exhausted:
-                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures within {policy.window_s:.0f} "
-                                             f"s: creating the producers anew did not help") from e
+                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures in a row with no progress "
+                                             f"committed between them: creating the producers anew did not help") from e
                 error = e
 
     def _loop(self) -> None:
@@ -173,19 +182,25 @@ class MainLoop:
         (bounded by what is left of the stop grace); False if the broker was unreachable.  The clients are
         closed afterwards, by the stack they were entered into."""
         self.lag.stop()
+        self.main.heartbeat.watch(None)
         ok = True
+        clock = self.main.stop_clock
         try:
             if clean:
-                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
-                remaining = self.main.stop_clock.remaining()
-                self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
-                                                         max(0.5, remaining)))
+                self._collect(wait_all=True, timeout=max(FINAL_COLLECT_SECONDS, clock.remaining()))
+                if not self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
+                                                                max(0.5, clock.remaining()))):
+                    self.broker_silent = True  # its checkpoint is acknowledged: the next start begins there
                 self.committer.write_tombstones()
                 self.producers.ledger.flush()
         except BrokerUnavailableError as e:
             ok = False
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
-        except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
+        except WorkerError as e:  # a worker that does not hand back its batches: nothing more is committed
+            ok = False
+            log.error("%s; stopping without the final commit (a restart recovers from the ledger)", e)
+        except (KafkaError, ProducerFatalError, MessageRejectedError) as e:
+            self.broker_silent = True
             log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
         self.closing_down = True
         return ok
@@ -244,6 +259,15 @@ class MainLoop:
                 self.outbox.write(res.partition, res.entries)
             self.accounting.record(res, owned)
 
+    def _unwritten(self, topic: str) -> bool:
+        """Whether no owned partition ever had an output of ``topic``'s role acknowledged (this incarnation or an
+        earlier one, through the checkpoint ends recovery read); sticky once written."""
+        role = self.clients.topics.role_of.get(topic)
+        if role is None:
+            return False
+        self._written_roles.update(r for o in self.table for r, end in o.outbox.ends.items() if end > 0)
+        return role not in self._written_roles
+
     def _committed(self, partition: int, offset: int) -> None:
         self.health.note_committed(partition, offset)
         self.main.metrics.commit_watermark.labels(topic=self.clients.topics.input,
@@ -273,6 +297,7 @@ class MainLoop:
         return start
 
     def _plan(self, partition: int) -> RecoveryPlan:
+        log.info("partition %d: recovering from the ledger", partition)
         self.health.check_data(force=True)  # a new partition may be the first sign of a recreated topic
         timeout_ms = min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)
         committed = self._retry(f"partition {partition}: committed offset",
@@ -325,14 +350,16 @@ class MainLoop:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing).  Each failed attempt also asks
         the broker guard: a topic that is gone or was recreated raises :class:`BrokerDataLossError` (exit 4)
-        instead of retrying a read of it forever (topics are never auto-created by the service's clients)."""
+        instead of retrying a read of it forever (topics are never auto-created by the service's clients); and
+        ticks the loop's heartbeat (alive, waiting for the broker)."""
         guard = self.health.guard
 
-        def check_topics() -> None:
+        def on_retry() -> None:
+            self.main.heartbeat.tick()
             guard.check_topics()  # raises on a gone or recreated topic; an unanswered request is the retry's
 
         return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0,
-                     on_retry=check_topics)
+                     on_retry=on_retry)
 
     # ------------------------------------------------------------------ rebalances
     def _on_assigned(self, partitions: set[int]) -> None:

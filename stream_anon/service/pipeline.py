@@ -46,7 +46,7 @@ from stream_anon.core.engine.release import Release
 from stream_anon.core.schema import Schema
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
 from stream_anon.formats.release import release_id
-from stream_anon.service.ledger import EntryFactory, LedgerEntry, Timing
+from stream_anon.service.ledger import KIND_CLASS, EntryFactory, LedgerEntry, Timing
 
 REASON_INTERNAL_ERROR = "internal_error"
 """A bug threw while handling the message (decoding, engine push, encoding): the exception's last line is in the
@@ -289,7 +289,7 @@ class PartitionPipeline:
         if not offsets:
             return
         rids = [buffered.pop(o)[0] for o in offsets]
-        out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
+        out.extend(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
                                            horizon=self.horizon, detail="the engine did not release it"))
         stats.suppressed["delay_bound"] = stats.suppressed.get("delay_bound", 0) + len(offsets)
         what = "still buffered after the engine's flush" if everything else \
@@ -411,7 +411,7 @@ class PartitionPipeline:
             offsets, rids, members, delays, lat_ms = self._members(r, now, stats)
         if offsets:
             timing = Timing(trigger, delays, lat_ms if any(v is not None for v in lat_ms) else ())
-            out.append(self._entry(r, offsets, rids, members, timing, stats))
+            out.extend(self._entries(r, offsets, rids, members, timing, stats))
             stats.delays.extend(delays)
             stats.ingest_latency_seconds.extend(v / 1000.0 for v in lat_ms if v is not None)
         for off in ids:  # the entry is built: now the records leave the buffer
@@ -450,27 +450,28 @@ class PartitionPipeline:
                 lat_ms.append(None)
         return offsets, rids, members, delays, lat_ms
 
-    def _entry(self, r: Release, offsets: list[int], rids: list[Any], members: list[Any], timing: Timing,
-               stats: BatchStats) -> LedgerEntry:
+    def _entries(self, r: Release, offsets: list[int], rids: list[Any], members: list[Any], timing: Timing,
+                 stats: BatchStats) -> list[LedgerEntry]:
         if r.kind == "class":
-            entry, verdict = self.entries.released_class(
+            entries, verdict = self.entries.released_class(
                 offsets=offsets, record_ids=rids, members=members, generalized=r.generalized, size=int(r.size),
                 loss=float(r.loss), horizon=self.horizon, timing=timing)
             if verdict is not None and not verdict.ok:
-                stats.gate_refusals.append((entry.release_id, len(offsets), verdict.describe()))
+                stats.gate_refusals.append((entries[0].release_id, len(offsets), verdict.describe()))
                 stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
+            elif entries[0].kind != KIND_CLASS:  # its class message would not fit the output bound
+                stats.suppressed["oversized"] = stats.suppressed.get("oversized", 0) + len(offsets)
             else:
                 loss = float(r.loss)
                 stats.released += len(offsets)
                 stats.class_losses.append(loss)
                 stats.class_sizes.append(len(offsets))
                 stats.released_loss_sum += (loss if math.isfinite(loss) else 1.0) * len(offsets)
-            return entry
+            return entries
         reason = "leftover" if r.leftover else "delay_bound"
-        entry = self.entries.suppressed(offsets=offsets, record_ids=rids, reason=reason, horizon=self.horizon,
-                                        timing=timing)
         stats.suppressed[reason] = stats.suppressed.get(reason, 0) + len(offsets)
-        return entry
+        return self.entries.suppressed(offsets=offsets, record_ids=rids, reason=reason, horizon=self.horizon,
+                                       timing=timing)
 
     def _unencodable(self, r: Release, trigger: int, e: Exception, out: list[LedgerEntry],
                      stats: BatchStats) -> None:
@@ -491,7 +492,7 @@ class PartitionPipeline:
         line = last_line(e)
         stats.internal_errors.append(("encode", min(offsets) if offsets else trigger, line))
         if offsets:
-            out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="gate",
+            out.extend(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="gate",
                                                horizon=self.horizon, detail=f"internal error: {line}"))
             stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
 
