@@ -69,13 +69,16 @@ class UnconfirmedDelivery(Exception):
 class OutgoingBatch:
     """Messages to one topic partition, in send order, and what became of each (the transport fills
     ``offsets``: -1 until acknowledged, and ``errors``: index -> error of a failed delivery).  Headers: the same
-    ``headers`` for every message, or ``per_message[i]`` for message ``i``."""
+    ``headers`` for every message, or ``per_message[i]`` for message ``i``.  ``timestamp_ms``: the Kafka timestamp
+    of every message (None: the client's send time)."""
 
     __slots__ = ("topic", "partition", "keys", "values", "headers", "per_message", "offsets", "errors",
-                 "resolved", "handles", "root", "root_index", "seq")
+                 "resolved", "handles", "root", "root_index", "seq", "timestamp_ms")
 
     def __init__(self, topic: str, partition: int, keys: list[bytes | None], values: list[bytes | None],
-                 headers: Headers | None = None, per_message: list[Headers] | None = None) -> None:
+                 headers: Headers | None = None, per_message: list[Headers] | None = None,
+                 timestamp_ms: int | None = None) -> None:
+        self.timestamp_ms = timestamp_ms
         self.topic = topic
         self.partition = partition
         self.keys = keys
@@ -104,7 +107,7 @@ class OutgoingBatch:
         """A new batch of the messages at ``indices`` (a re-send), reporting back to this batch's root."""
         per_message = None if self.per_message is None else [self.per_message[i] for i in indices]
         b = OutgoingBatch(self.topic, self.partition, [self.keys[i] for i in indices],
-                          [self.values[i] for i in indices], self.headers, per_message)
+                          [self.values[i] for i in indices], self.headers, per_message, self.timestamp_ms)
         b.root = self.root
         b.root_index = [self.root_index[i] for i in indices] if self.root_index is not None else list(indices)
         return b
@@ -226,19 +229,20 @@ class ConfluentTransport:
 
         produce, topic, partition = self.producer.produce, batch.topic, batch.partition
         keys, values, n = batch.keys, batch.values, len(batch.values)
+        ts = batch.timestamp_ms or 0  # 0: librdkafka stamps the send time
         i = 0
         while i < n:
             try:
                 # (confluent-kafka's stub types headers as list[tuple[str, str | bytes | None]]: lists are invariant)
                 if batch.per_message is None:
-                    h = batch.headers
+                    h: Any = batch.headers
                     while i < n:
-                        produce(topic, values[i], keys[i], partition, delivered, headers=h)  # type: ignore[arg-type]
+                        produce(topic, values[i], keys[i], partition, delivered, timestamp=ts, headers=h)
                         i += 1
                 else:
-                    hs = batch.per_message
+                    hs: Any = batch.per_message
                     while i < n:
-                        produce(topic, values[i], keys[i], partition, delivered, headers=hs[i])  # type: ignore[arg-type]
+                        produce(topic, values[i], keys[i], partition, delivered, timestamp=ts, headers=hs[i])
                         i += 1
             except BufferError:  # the client's queue is full: serve delivery reports, then go on
                 self.producer.poll(0.05)
@@ -329,14 +333,14 @@ class KafkaPythonTransport:
         return len(parts) if parts else 1
 
     def submit(self, batch: OutgoingBatch) -> None:
-        send, topic, partition = self.producer.send, batch.topic, batch.partition
+        send, topic, partition, ts = self.producer.send, batch.topic, batch.partition, batch.timestamp_ms
         try:
             if batch.per_message is None:
                 h = batch.headers
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h)
+                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
                                  for k, v in zip(batch.keys, batch.values, strict=True)]
             else:
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h)
+                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
                                  for k, v, h in zip(batch.keys, batch.values, batch.per_message, strict=True)]
         except self.FATAL as e:
             raise ProducerFatalError(f"producer: {e!r}") from e
@@ -432,15 +436,17 @@ class OutputProducer:
         return src_partition % n
 
     def send(self, messages: Iterable[OutputMessage]) -> Receipt:
-        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers)."""
-        groups: dict[tuple[str, int], tuple[OutgoingBatch, list[Headers]]] = {}
+        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers and Kafka
+        timestamp)."""
+        groups: dict[tuple[str, int, int | None], tuple[OutgoingBatch, list[Headers]]] = {}
         parts: list[tuple[OutgoingBatch, range | list[int]]] = []
         for m in messages:
-            key = (m.topic, self.partition_for(m.topic, m.src_partition))
+            key = (m.topic, self.partition_for(m.topic, m.src_partition), m.timestamp_ms)
             g = groups.get(key)
             if g is None:
                 per_message: list[Headers] = []
-                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message), per_message)
+                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message,
+                                                 timestamp_ms=key[2]), per_message)
             batch, headers = g
             parts.append((batch, [len(batch.values)]))
             batch.keys.append(m.key)

@@ -9,9 +9,10 @@ recreation, a failed revoke) is one call that forgets all of it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
+from stream_anon.service.ticks import HeldClasses
 
 
 @dataclass
@@ -21,13 +22,16 @@ class OwnedPartition:
     Attributes:
         partition: the input partition.
         outbox: the writer state of its ledger partition (entries for tombstones, output ends, checkpoints).
-        watermark: its commit watermark as reported with its last finished batch (lowest offset still buffered).
+        watermark: its commit watermark: the lowest offset still buffered as reported with its last finished
+            batch (``pipeline_watermark``), capped by the classes held for their tick (``held``).
         next_offset: the next offset its pipeline consumes.
         horizon: the highest input offset consumed by any incarnation.
         buffered, open_clusters: what its engine holds.
         last_input: wall time of its last input (idle flush); None: none since it was recovered.
         dirty: ledger entries were written since its last checkpoint.
         committed: the watermark last committed for it (None: not yet, or the commit failed: commit again).
+        held: class entries waiting for the end of their release tick (:mod:`~stream_anon.service.ticks`): not in
+            the ledger yet, dropped with the partition.
     """
 
     partition: int
@@ -40,14 +44,20 @@ class OwnedPartition:
     last_input: float | None = None
     dirty: bool = False
     committed: int | None = None
+    held: HeldClasses = field(default_factory=HeldClasses)
+    pipeline_watermark: int = field(init=False, default=-1)
+
+    def __post_init__(self) -> None:
+        self.pipeline_watermark = self.watermark
 
     @property
     def incarnation(self) -> str:
         return self.outbox.incarnation
 
     def report(self, *, watermark: int, next_offset: int, buffered: int, open_clusters: int, horizon: int) -> None:
-        """Take over what the pipeline reported with a finished batch."""
-        self.watermark, self.next_offset, self.horizon = watermark, next_offset, horizon
+        """Take over what the pipeline reported with a finished batch (the watermark capped by held classes)."""
+        self.pipeline_watermark = watermark
+        self.watermark, self.next_offset, self.horizon = self.held.cap(watermark), next_offset, horizon
         self.buffered, self.open_clusters = buffered, open_clusters
 
     def needs_checkpoint(self) -> bool:

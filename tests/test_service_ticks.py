@@ -1,0 +1,208 @@
+"""Class releases on ticks (issue 19 item 4, :mod:`stream_anon.service.ticks`): the hold, the watermark cap, the
+shuffle, the timestamps in the ledger and on the wire.
+
+The ledger protocol with ticks (a crash at every point, re-sends keeping the tick) is driven against the simulated
+broker in ``tests/test_ledger.py``; the pin rate of the expiring member through the real service on all of ADULT
+in ``tests/test_linkage.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from stream_anon.config.settings import DEFAULT_TICK_SECONDS, Config, ConfigError
+from stream_anon.formats.messages import OutputMessage
+from stream_anon.formats.release import ROLE_ANON, EncodedMessage
+from stream_anon.kafka_io.producer import open_producer
+from stream_anon.kafka_io.settings import PRODUCER_CLIENTS
+from stream_anon.privacy.base import seeded_crypto_rng
+from stream_anon.service.ledger import (
+    KIND_CLASS,
+    LedgerEntry,
+    LedgerFormatError,
+    PartitionOutbox,
+    decode_ledger_value,
+)
+from stream_anon.service.outbox import Topics
+from stream_anon.service.partitions import OwnedPartition, PartitionTable
+from stream_anon.service.ticks import ReleaseTicks
+
+TOPIC = "adult.raw"
+
+
+def _class(first: int, n: int = 3, cid: str | None = None) -> LedgerEntry:
+    offsets = tuple(range(first, first + 2 * n, 2))
+    cid = cid or f"{first:032x}"
+    return LedgerEntry(KIND_CLASS, TOPIC, 0, offsets, offsets[-1] + 5, record_ids=tuple(f"r{o}" for o in offsets),
+                       class_id=cid, outputs=(EncodedMessage(ROLE_ANON, cid.encode(), b'{"v":1}'),))
+
+
+def _other(kind: str, offset: int) -> LedgerEntry:
+    if kind == "control":
+        return LedgerEntry("control", TOPIC, 0, (offset,), offset)
+    return LedgerEntry("dlq", TOPIC, 0, (offset,), offset, reason="malformed_json",
+                       outputs=(EncodedMessage("dlq", b"d", b"{}"),))
+
+
+def _owned(watermark: int = 0) -> OwnedPartition:
+    return OwnedPartition(0, PartitionOutbox(TOPIC, 0, incarnation="t"), watermark=watermark, next_offset=watermark)
+
+
+def _report(o: OwnedPartition, watermark: int) -> None:
+    o.report(watermark=watermark, next_offset=watermark, buffered=0, open_clusters=0, horizon=watermark)
+
+
+def test_ticks_are_wall_clock_multiples_of_the_tick_whatever_arrives() -> None:
+    ticks = ReleaseTicks(2.5, seeded_crypto_rng(0))
+    assert ticks.tick_ms == 2500 and ticks.enabled
+    for now in (0.0, 1.0, 2.499, 2.5, 1_700_000_000.123, 1_700_000_002.5):
+        end = ticks.tick_end_ms(now)
+        assert end % 2500 == 0 and now * 1000 < end <= now * 1000 + 2500
+    assert ticks.tick_end_ms(1.0) == ticks.tick_end_ms(2.4) == 2500 and ticks.tick_end_ms(2.5) == 5000
+    assert not ReleaseTicks(0, seeded_crypto_rng(0)).enabled
+    for bad in (-1, 0.0005, 3601, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="release.tick_seconds"):
+            ReleaseTicks(bad, seeded_crypto_rng(0))  # type: ignore[arg-type]
+
+
+def test_classes_wait_for_their_tick_and_the_watermark_stays_below_them() -> None:
+    ticks = ReleaseTicks(1.0, seeded_crypto_rng(1))
+    o = _owned()
+    _report(o, 50)
+    batch = [_class(10), _other("dlq", 20), _class(12)]
+    now = 100.2
+    assert ticks.hold(o, batch, now) == [batch[1]]  # the dead letter goes at once (internal topic)
+    assert o.watermark == 10 and o.pipeline_watermark == 50  # never committed past a held class
+    _report(o, 60)
+    assert o.watermark == 10
+    assert ticks.due([o], 100.999) == [] and ticks.seconds_to_next(_table(o), 100.5) == pytest.approx(0.5)
+    [(got, entries)] = ticks.due([o], 101.0)
+    assert got is o and sorted(e.class_id for e in entries) == sorted(e.class_id for e in (batch[0], batch[2]))
+    assert {m.timestamp_ms for e in entries for m in e.outputs} == {101_000}
+    assert o.watermark == 60 and len(o.held) == 0 and ticks.seconds_to_next(_table(o), 101.0) is None
+
+
+def _table(*owned: OwnedPartition) -> PartitionTable:
+    table = PartitionTable()
+    for o in owned:
+        table.add(o)
+    return table
+
+
+def test_a_marker_waits_with_the_classes_before_it_and_is_written_after_them() -> None:
+    """A restart skips an accounted end-of-stream marker: the ledger never gets it before the classes it flushed."""
+    ticks = ReleaseTicks(1.0, seeded_crypto_rng(2))
+    o = _owned()
+    _report(o, 100)
+    marker = _other("control", 99)
+    assert ticks.hold(o, [_class(10), _class(30), marker], 5.1) == []
+    assert ticks.hold(o, [_other("dlq", 101)], 5.5)[0].kind == "dlq"
+    assert ticks.hold(o, [_other("control", 102)], 6.2) == []  # still classes held: the next marker waits too
+    [(_, entries)] = ticks.due([o], None)  # a stop or a revoke: every tick at once
+    assert [e.kind for e in entries] == ["class", "class", "control", "control"]
+    assert [m.timestamp_ms for e in entries for m in e.outputs] == [6000, 6000]
+    assert o.watermark == 100
+    o2 = _owned()
+    assert ticks.hold(o2, [marker], 7.0) == [marker]  # nothing held: written at once
+
+
+def test_off_publishes_each_class_at_once_without_a_timestamp() -> None:
+    ticks = ReleaseTicks(0, seeded_crypto_rng(3))
+    o = _owned()
+    batch = [_class(10), _other("control", 20)]
+    assert ticks.hold(o, batch, 1.0) == batch and o.watermark == 0 and ticks.due([o], None) == []
+    assert batch[0].outputs[0].timestamp_ms is None
+
+
+def test_a_ticks_classes_are_in_a_uniformly_random_order_from_the_injected_generator() -> None:
+    """Over 4,000 ticks of 4 classes, each class is at each position 1/4 of the time (chi-square, 9 degrees of
+    freedom: the 0.999 quantile is 27.9), and the order comes from the generator (same seed, same orders)."""
+    n, trials = 4, 4000
+
+    def orders(seed: int) -> list[list[int]]:
+        ticks = ReleaseTicks(1.0, seeded_crypto_rng(seed))
+        out = []
+        for t in range(trials):
+            o = _owned()
+            ticks.hold(o, [_class(10 * i, cid=f"{i:032x}") for i in range(n)], float(t))
+            [(_, entries)] = ticks.due([o], None)
+            out.append([int(e.class_id or "", 16) for e in entries])
+        return out
+
+    got = orders(7)
+    counts = np.zeros((n, n))
+    for order in got:
+        for pos, cls in enumerate(order):
+            counts[cls, pos] += 1
+    expected = trials / n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 27.9, counts
+    assert got == orders(7) and got != orders(8)
+    assert sum(order == sorted(order) for order in got) < trials / 10  # the trigger order survives 1/24 of the time
+
+
+def test_the_tick_timestamp_is_in_the_ledger_entry_and_in_the_output_message() -> None:
+    ticks = ReleaseTicks(1.0, seeded_crypto_rng(4))
+    o = _owned()
+    ticks.hold(o, [_class(10)], 41.3)
+    [(_, [entry])] = ticks.due([o], 42.0)
+    decoded = decode_ledger_value(entry.encode())
+    assert isinstance(decoded, LedgerEntry) and decoded == entry and decoded.outputs[0].timestamp_ms == 42_000
+    assert b'"ts":42000' in entry.encode() and b'"ts"' not in _class(10).encode()
+    msg = Topics(TOPIC, TOPIC + ".ledger", {"anon": "adult.anon"}).output(0, decoded.outputs[0])
+    assert msg == OutputMessage("anon", "adult.anon", 0, entry.outputs[0].key, b'{"v":1}', timestamp_ms=42_000)
+    assert entry.outputs[0].digest() == _class(10).outputs[0].digest()  # presence does not depend on the timestamp
+    bad = entry.encode().replace(b'"ts":42000', b'"ts":-1')
+    with pytest.raises(LedgerFormatError, match="ts"):
+        decode_ledger_value(bad)
+
+
+def test_the_option_has_a_safe_default_and_is_checked_at_load() -> None:
+    assert Config.load(env={}).release.tick_seconds == DEFAULT_TICK_SECONDS > 0
+    assert Config.load(env={"STREAM_ANON_RELEASE_TICK_SECONDS": "0"}).release.tick_seconds == 0
+    for bad in ("-1", "0.0001", "7200"):
+        with pytest.raises(ConfigError, match=r"option release.tick_seconds: expected 0 .* got"):
+            Config.load(env={}, overrides={"release.tick_seconds": bad})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("client", PRODUCER_CLIENTS)
+def test_the_broker_keeps_the_tick_timestamp_given_by_either_client(broker: Any, client: str) -> None:
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
+                                         "kafka.producer_client": client})
+    topic = f"tick{uuid.uuid4().hex[:6]}"
+    tick = (math.floor(time.time()) + 1) * 1000
+    producer = open_producer(cfg.kafka)
+    try:
+        receipt = producer.send([OutputMessage("anon", topic, 0, b"a", b"1", timestamp_ms=tick),
+                                 OutputMessage("anon", topic, 0, b"b", b"2", timestamp_ms=tick),
+                                 OutputMessage("anon", topic, 0, b"c", b"3")])
+        producer.flush()
+    finally:
+        producer.close()
+    assert [d.offset for d in receipt.deliveries()] == [0, 1, 2]
+    got = _read(broker.bootstrap_servers, topic, 3)
+    assert [(r.key, r.timestamp) for r in got[:2]] == [(b"a", tick), (b"b", tick)]
+    assert got[2].timestamp not in (tick, None, -1)  # no timestamp given: the send time
+
+
+def _read(bs: str, topic: str, n: int) -> Sequence[Any]:
+    consumer = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.poll(timeout_ms=500).get(tp, [])
+    consumer.close()
+    return got
