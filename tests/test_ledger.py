@@ -47,9 +47,9 @@ from stream_anon.service.ledger import (
     ledger_topic,
 )
 from stream_anon.service.outbox import LedgerOutbox, Topics
-from stream_anon.service.partitions import PartitionTable
+from stream_anon.service.partitions import HeldClasses, PartitionTable
 from stream_anon.service.recovery import LedgerScan, OutputPresence, PartitionRecovery, outputs_to_resend
-from stream_anon.service.ticks import HeldClasses, ReleaseTicks
+from stream_anon.service.ticks import ReleaseTicks
 
 TOPIC = "adult.raw"
 LEDGER = ledger_topic(TOPIC)

@@ -8,22 +8,32 @@ in ``tests/test_linkage.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from producer_support import Fault
+from prometheus_client import CollectorRegistry
+from test_service_producer_recovery import N as N_RECOVERY
+from test_service_producer_recovery import config as recovery_config
+from test_service_producer_recovery import drain_and_stop, patch_clients, send_adult, snapshot
 
 from stream_anon.config.settings import DEFAULT_TICK_SECONDS, Config, ConfigError
 from stream_anon.formats.messages import OutputMessage
 from stream_anon.formats.release import ROLE_ANON, EncodedMessage
 from stream_anon.kafka_io.producer import open_producer
 from stream_anon.kafka_io.settings import PRODUCER_CLIENTS
+from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.privacy.base import seeded_crypto_rng
+from stream_anon.service.app import MainPath
 from stream_anon.service.ledger import (
     KIND_CLASS,
     LedgerEntry,
@@ -31,6 +41,7 @@ from stream_anon.service.ledger import (
     PartitionOutbox,
     decode_ledger_value,
 )
+from stream_anon.service.linkage import PartitionArrivals, ReleasedClass, release_timing_attack
 from stream_anon.service.outbox import Topics
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
 from stream_anon.service.ticks import ReleaseTicks
@@ -85,7 +96,7 @@ def test_classes_wait_for_their_tick_and_the_watermark_stays_below_them() -> Non
     assert o.watermark == 10
     assert ticks.due([o], 100.999) == [] and ticks.seconds_to_next(_table(o), 100.5) == pytest.approx(0.5)
     [(got, entries)] = ticks.due([o], 101.0)
-    assert got is o and sorted(e.class_id for e in entries) == sorted(e.class_id for e in (batch[0], batch[2]))
+    assert got is o and sorted(str(e.class_id) for e in entries) == sorted(str(e.class_id) for e in (batch[0], batch[2]))
     assert {m.timestamp_ms for e in entries for m in e.outputs} == {101_000}
     assert o.watermark == 60 and len(o.held) == 0 and ticks.seconds_to_next(_table(o), 101.0) is None
 
@@ -195,14 +206,99 @@ def test_the_broker_keeps_the_tick_timestamp_given_by_either_client(broker: Any,
     assert got[2].timestamp not in (tick, None, -1)  # no timestamp given: the send time
 
 
-def _read(bs: str, topic: str, n: int) -> Sequence[Any]:
+def _read(bs: str, topic: str, n: int, partitions: int = 1) -> Sequence[Any]:
+    """The first ``n`` messages of ``topic`` (waiting for them up to a deadline)."""
     consumer = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False)
-    tp = TopicPartition(topic, 0)
-    consumer.assign([tp])
-    consumer.seek(tp, 0)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, 0)
     got: list[Any] = []
     deadline = time.monotonic() + 30
     while len(got) < n and time.monotonic() < deadline:
-        got += consumer.poll(timeout_ms=500).get(tp, [])
+        for msgs in consumer.poll(timeout_ms=500).values():
+            got += msgs
     consumer.close()
     return got
+
+
+# ---------------------------------------------------------------------------------------------- the attack
+def _synthetic(tick_ms: int, seed: int = 0, n: int = 6000, delta: int = 200, every: int = 3,
+               gap_ms: int = 10) -> tuple[list[ReleasedClass], dict[int, PartitionArrivals]]:
+    """One partition, an arrival every ``gap_ms``; every ``every``-th arrival from ``delta`` on releases one class:
+    the record ``delta`` arrivals before it and 9 more older records, boxed by their QIs (3 uniform coordinates).
+    Published 5 ms after the trigger (``tick_ms`` 0) or at the end of its tick, each tick's classes shuffled."""
+    rng = np.random.default_rng(seed)
+    points = rng.uniform(0, 100, size=(n, 3))
+    ts = np.arange(n, dtype=np.float64) * gap_ms
+    arrivals = {0: PartitionArrivals(np.arange(n, dtype=np.int64), ts, points)}
+    classes: list[ReleasedClass] = []
+    for j in range(delta, n, every):
+        first = j - delta
+        others = rng.choice(np.arange(max(0, first - 60), first), size=min(9, first), replace=False) \
+            if first else np.array([], dtype=np.int64)
+        members = [first, *others.tolist()]
+        pts = points[members]
+        t = ts[j] + 5 if not tick_ms else (int(ts[j] + 5) // tick_ms + 1) * tick_ms
+        classes.append(ReleasedClass(0, len(classes), int(t), pts.min(axis=0), pts.max(axis=0),
+                                     frozenset(members), j))
+    if tick_ms:  # each tick's classes in a random order on the anon partition
+        by_t: dict[int, list[ReleasedClass]] = {}
+        for c in classes:
+            by_t.setdefault(c.timestamp_ms, []).append(c)
+        pos = 0
+        shuffled = []
+        for t in sorted(by_t):
+            for i in rng.permutation(len(by_t[t])):
+                shuffled.append(dataclasses.replace(by_t[t][i], position=pos))
+                pos += 1
+        classes = shuffled
+    return classes, arrivals
+
+
+def test_the_attack_pins_the_expiring_member_without_ticks_and_not_with_them() -> None:
+    """The scoring can fail: published 5 ms after the trigger, the record delta arrivals before the latest arrival
+    names the expiring member of every release and the QI attack pins most; with ticks of 100 arrivals the position attack hits at most once per tick, no window pins more than guessing
+    among the tick's candidates, and the order is a uniformly random one."""
+    delta = 200
+    before = release_timing_attack(*_synthetic(0), delta)
+    assert before.releases == before.oracle_member == before.position_member > 1500
+    assert before.best_pin.correct > 0.5 * before.releases and before.groups == before.releases
+    after = release_timing_attack(*_synthetic(1000), delta)
+    assert after.releases == after.oracle_member == before.releases and after.groups < after.releases / 20
+    assert after.position_member <= after.groups
+    assert all(p.correct <= after.tick_guess_bound for p in after.pins), (after.lines(), after.tick_guess_bound)
+    assert after.best_pin.correct < 0.5 * before.best_pin.correct
+    assert abs(after.order.z) <= 4
+    assert float(np.median(after.tick_candidates)) > 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_producer_recreated_while_classes_wait_for_their_tick_loses_and_duplicates_nothing(
+        broker: Any, adult_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first batch of a tick's classes comes back acknowledged with offset -1 (half stored, half lost): the
+    producers are created anew, the partitions recover from the ledger (the lost classes re-sent with their tick's
+    timestamp, the classes still held dropped and formed again) and every input offset is accounted once, every
+    class published once, each with the end of a tick as its timestamp."""
+    prefix = f"tk{uuid.uuid4().hex[:6]}"
+    cfg = recovery_config(broker.bootstrap_servers, prefix).with_options({"release.tick_seconds": 0.5})
+    fault = Fault(cfg.topics.anon, nth=1)
+    patch_clients(monkeypatch, fault)
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    rc: list[int] = []
+    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
+    th.start()
+    try:
+        assert main.ready.wait(30)
+        send_adult(adult_path, cfg.topics.input, broker.bootstrap_servers, N_RECOVERY)
+        drain_and_stop(main, th, rc, cfg, N_RECOVERY, 180)
+    finally:
+        main.stop_event.set()
+    assert fault.lost and fault.stored, "the fault was not injected"
+    assert main.totals.producer_recreations == 1
+    snap = snapshot(cfg)
+    assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
+    assert len(snap.records) == N_RECOVERY and main.totals.resent >= len(fault.lost)
+    anon = _read(broker.bootstrap_servers, cfg.topics.anon, snap.classes, partitions=2)
+    assert len(anon) == snap.classes and all(m.timestamp % 500 == 0 for m in anon)

@@ -11,8 +11,50 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
-from stream_anon.service.ticks import HeldClasses
+from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
+
+
+@dataclass
+class HeldTick:
+    """What one partition holds for one tick: its class entries (in the order the pipeline made them) and the
+    end-of-stream markers that came after them (written after the tick's classes: see
+    :meth:`stream_anon.service.ticks.ReleaseTicks.hold`)."""
+
+    classes: list[LedgerEntry] = field(default_factory=list)
+    markers: list[LedgerEntry] = field(default_factory=list)
+
+
+@dataclass
+class HeldClasses:
+    """The entries of one partition that wait for the end of their tick (tick end in epoch ms -> :class:`HeldTick`)."""
+
+    ticks: dict[int, HeldTick] = field(default_factory=dict)
+    low: int | None = None  # the lowest input offset of any held entry
+
+    def __len__(self) -> int:
+        return sum(len(t.classes) for t in self.ticks.values())
+
+    def add(self, tick_end_ms: int, classes: Iterable[LedgerEntry], markers: Iterable[LedgerEntry] = ()) -> None:
+        held = self.ticks.setdefault(tick_end_ms, HeldTick())
+        held.classes.extend(classes)
+        held.markers.extend(markers)
+        for e in (*held.classes, *held.markers):
+            self.low = e.offsets[0] if self.low is None else min(self.low, e.offsets[0])
+
+    def cap(self, watermark: int) -> int:
+        """The commit watermark with entries held: never past the first offset of a held entry."""
+        return watermark if self.low is None else min(watermark, self.low)
+
+    def take(self, until_ms: int | None) -> list[tuple[int, HeldTick]]:
+        """Remove and return the ticks that ended at or before ``until_ms`` (None: all), oldest first."""
+        due = sorted(t for t in self.ticks if until_ms is None or t <= until_ms)
+        out = [(t, self.ticks.pop(t)) for t in due]
+        rest = [e.offsets[0] for t in self.ticks.values() for e in (*t.classes, *t.markers)]
+        self.low = min(rest) if rest else None
+        return out
+
+    def next_end_ms(self) -> int | None:
+        return min(self.ticks) if self.ticks else None
 
 
 @dataclass

@@ -8,9 +8,9 @@ member of the class (almost always), and the order of classes on the anon partit
 triggers.  An attacker who knows the arrival times and QIs (docs/threat-model.md) pins that member.
 
 :class:`ReleaseTicks` cuts wall-clock time into ticks of ``release.tick_seconds`` (aligned to the epoch, so the
-boundaries never depend on arrivals).  A class entry the pipeline produced is *held* (:class:`HeldClasses`, in the
-partition's :class:`~stream_anon.service.partitions.OwnedPartition`) until the end of the tick in which the loop
-received it; then every class held for that tick, partition by partition, is shuffled with the injected generator
+boundaries never depend on arrivals).  A class entry the pipeline produced is *held* (in the partition's
+:class:`~stream_anon.service.partitions.OwnedPartition`: :class:`~stream_anon.service.partitions.HeldClasses`)
+until the end of the tick in which the loop received it; then every class held for that tick, partition by partition, is shuffled with the injected generator
 (ChaCha20 from OS entropy by default) and written to the ledger in that order, each output stamped with the tick's
 end as its Kafka timestamp (recorded in the entry, so a re-send after a crash carries the same timestamp and comes
 in the same shuffled order: the ledger order).  Every class of a tick thus has one timestamp, and their offsets are
@@ -19,8 +19,8 @@ arrival in the tick released it.
 
 The ledger protocol is unchanged: a held class is not in the ledger yet, so for recovery it is like a record still
 in the engine, and the partition's commit watermark stays at or below the first offset of every held class
-(:meth:`HeldClasses.cap`): a crash before the tick ends loses nothing (the records are consumed and anonymized
-again), a commit never covers a held class.  Suppressions and dead letters are written at once (their topics are
+(:meth:`~stream_anon.service.partitions.HeldClasses.cap`): a crash before the tick ends loses nothing (the records
+are consumed and anonymized again), a commit never covers a held class.  Suppressions and dead letters are written at once (their topics are
 internal); an end-of-stream marker that comes while classes are held waits with them and is written after them
 (:meth:`ReleaseTicks.hold`).
 
@@ -35,57 +35,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerEntry
-
-if TYPE_CHECKING:
-    from stream_anon.service.partitions import OwnedPartition, PartitionTable
-
-
-@dataclass
-class HeldTick:
-    """What one partition holds for one tick: its class entries (in the order the pipeline made them) and the
-    end-of-stream markers that came after them (written after the tick's classes: see :meth:`ReleaseTicks.hold`)."""
-
-    classes: list[LedgerEntry] = field(default_factory=list)
-    markers: list[LedgerEntry] = field(default_factory=list)
-
-
-@dataclass
-class HeldClasses:
-    """The entries of one partition that wait for the end of their tick (tick end in epoch ms -> :class:`HeldTick`)."""
-
-    ticks: dict[int, HeldTick] = field(default_factory=dict)
-    low: int | None = None  # the lowest input offset of any held entry
-
-    def __len__(self) -> int:
-        return sum(len(t.classes) for t in self.ticks.values())
-
-    def add(self, tick_end_ms: int, classes: Iterable[LedgerEntry], markers: Iterable[LedgerEntry] = ()) -> None:
-        held = self.ticks.setdefault(tick_end_ms, HeldTick())
-        held.classes.extend(classes)
-        held.markers.extend(markers)
-        for e in (*held.classes, *held.markers):
-            self.low = e.offsets[0] if self.low is None else min(self.low, e.offsets[0])
-
-    def cap(self, watermark: int) -> int:
-        """The commit watermark with entries held: never past the first offset of a held entry."""
-        return watermark if self.low is None else min(watermark, self.low)
-
-    def take(self, until_ms: int | None) -> list[tuple[int, HeldTick]]:
-        """Remove and return the ticks that ended at or before ``until_ms`` (None: all), oldest first."""
-        due = sorted(t for t in self.ticks if until_ms is None or t <= until_ms)
-        out = [(t, self.ticks.pop(t)) for t in due]
-        rest = [e.offsets[0] for t in self.ticks.values() for e in (*t.classes, *t.markers)]
-        self.low = min(rest) if rest else None
-        return out
-
-    def next_end_ms(self) -> int | None:
-        return min(self.ticks) if self.ticks else None
+from stream_anon.service.partitions import OwnedPartition, PartitionTable
 
 
 def stamped(entry: LedgerEntry, timestamp_ms: int) -> LedgerEntry:
