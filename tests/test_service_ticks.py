@@ -224,10 +224,13 @@ def _read(bs: str, topic: str, n: int, partitions: int = 1) -> Sequence[Any]:
 
 # ---------------------------------------------------------------------------------------------- the attack
 def _synthetic(tick_ms: int, seed: int = 0, n: int = 6000, delta: int = 200, every: int = 3,
-               gap_ms: int = 10) -> tuple[list[ReleasedClass], dict[int, PartitionArrivals]]:
+               gap_ms: int = 10, reference_every: int | None = None
+               ) -> tuple[list[ReleasedClass], dict[int, PartitionArrivals]]:
     """One partition, an arrival every ``gap_ms``; every ``every``-th arrival from ``delta`` on releases one class:
     the record ``delta`` arrivals before it and 9 more older records, boxed by their QIs (3 uniform coordinates).
-    Published 5 ms after the trigger (``tick_ms`` 0) or at the end of its tick, each tick's classes shuffled."""
+    Published 5 ms after the trigger (``tick_ms`` 0) or at the end of its tick, each tick's classes shuffled.
+    ``reference_every``: each class carries the total of a t-closeness reference snapshot taken every that many
+    arrivals."""
     rng = np.random.default_rng(seed)
     points = rng.uniform(0, 100, size=(n, 3))
     ts = np.arange(n, dtype=np.float64) * gap_ms
@@ -240,8 +243,9 @@ def _synthetic(tick_ms: int, seed: int = 0, n: int = 6000, delta: int = 200, eve
         members = [first, *others.tolist()]
         pts = points[members]
         t = ts[j] + 5 if not tick_ms else (int(ts[j] + 5) // tick_ms + 1) * tick_ms
+        ref = (j + 1) // reference_every * reference_every if reference_every else None
         classes.append(ReleasedClass(0, len(classes), int(t), pts.min(axis=0), pts.max(axis=0),
-                                     frozenset(members), j))
+                                     frozenset(members), j, ref))
     if tick_ms:  # each tick's classes in a random order on the anon partition
         by_t: dict[int, list[ReleasedClass]] = {}
         for c in classes:
@@ -302,3 +306,16 @@ def test_a_producer_recreated_while_classes_wait_for_their_tick_loses_and_duplic
     assert len(snap.records) == N_RECOVERY and main.totals.resent >= len(fault.lost)
     anon = _read(broker.bootstrap_servers, cfg.topics.anon, snap.classes, partitions=2)
     assert len(anon) == snap.classes and all(m.timestamp % 500 == 0 for m in anon)
+
+
+def test_a_t_closeness_reference_narrows_the_window_to_its_snapshot_and_the_bound_follows() -> None:
+    """A class carrying the reference snapshot in force (renewed every 100 arrivals) tells its trigger within 100
+    arrivals: with ticks of 500 arrivals the candidates shrink and guessing gets better; the attack is scored
+    against that narrower window and still stays within it."""
+    delta = 200
+    plain = release_timing_attack(*_synthetic(5000), delta)
+    ref = release_timing_attack(*_synthetic(5000, reference_every=100), delta, reference_every=100)
+    assert float(np.median(ref.tick_candidates)) < float(np.median(plain.tick_candidates)) / 3
+    assert ref.tick_guess_expected > 2 * plain.tick_guess_expected
+    assert all(p.correct <= ref.tick_guess_bound for p in ref.pins)
+    assert ref.best_pin.correct > plain.best_pin.correct

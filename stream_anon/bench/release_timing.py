@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pickle
 import threading
 import time
 import uuid
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="another service option for every run")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--save", default=None, metavar="PREFIX",
+                    help="also pickle each run's timing inputs to PREFIX-<tick>.pkl (to score other attacks later)")
     args = ap.parse_args(argv)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     adult = read_adult(resolve_adult_path(args.adult))
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         for tick in (float(x) for x in args.tick_seconds.split(",")):
             rep, timing, seconds = measure(bs, records, tick_seconds=tick, rate=args.rate,
                                            partitions=args.partitions, options=options)
+            if args.save:
+                with open(f"{args.save}-{tick:g}.pkl", "wb") as f:
+                    pickle.dump(timing, f)
             label = f"release.tick_seconds={tick:g}" + (" (off)" if tick == 0 else "")
             print(f"\n{label}: {len(records):,} records at {args.rate:g} records/s in {args.partitions} partitions "
                   f"({seconds:.0f} s)")
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"tick_seconds": tick, "rate": args.rate, "records": len(records),
                             "releases": rep.releases, "classes": rep.classes, "groups": rep.groups, "oracle_member": rep.oracle_member,
                             "position_member": rep.position_member,
-                            "pins": [{"window_ms": p.window_ms, "unique": p.unique, "correct": p.correct}
+                            "pins": [{"window_ms": p.window_ms, "unique": p.unique, "correct": p.correct, "member": p.member}
                                      for p in rep.pins],
                             "best_window_ms": best.window_ms, "best_unique": best.unique,
                             "best_correct": best.correct, "tick_guess_expected": rep.tick_guess_expected,

@@ -246,8 +246,9 @@ class PartitionArrivals:
 @dataclass(frozen=True)
 class ReleasedClass:
     """One class message as the attacker reads it (partition, ``position`` = its offset on the anon partition,
-    Kafka ``timestamp_ms``, generalization box ``lo``/``hi``) and, for scoring only, the ledger's truth: its
-    ``members`` (input offsets) and the ``trigger`` offset that released it."""
+    Kafka ``timestamp_ms``, generalization box ``lo``/``hi``, and with t-closeness the total of the reference
+    snapshot it carries, ``reference_total``: the arrivals counted when the snapshot was taken) and, for scoring
+    only, the ledger's truth: its ``members`` (input offsets) and the ``trigger`` offset that released it."""
 
     partition: int
     position: int
@@ -256,17 +257,21 @@ class ReleasedClass:
     hi: np.ndarray
     members: frozenset[int]
     trigger: int | None = None
+    reference_total: int | None = None
 
 
 @dataclass
 class PinCount:
-    """The QI attack with a window: the candidates of a class are the records delta arrivals before each arrival in
-    (timestamp - ``window_ms``, timestamp] whose QIs its generalization covers; ``unique``: classes with exactly one
-    candidate, ``correct``: that one is a member."""
+    """The QI attack with a window: the candidates of a release are the records delta arrivals before each arrival
+    in (timestamp - ``window_ms``, timestamp] whose QIs its generalization covers; ``unique``: releases with exactly
+    one candidate; ``correct``: that one is the expiring member (the record delta arrivals before the trigger: what
+    the timing names); ``member``: it is one of the release's members (the expiring one or another: a member is
+    also found by its QIs alone, since every member arrived within the delta arrivals before the release)."""
 
     window_ms: float
     unique: int = 0
     correct: int = 0
+    member: int = 0
 
 
 @dataclass
@@ -320,8 +325,8 @@ class ReleaseTimingReport:
             the release's timestamp is a member of the release.
         pins: the QI attack for each window (a candidate: covered by the generalization of one of the release's
             classes, the grouping granted to the attacker).
-        tick_guess_expected, tick_guess_variance: correct pins expected from guessing uniformly among the candidates
-            of the release's tick: the records delta arrivals before the arrivals the service processed in the
+        tick_guess_expected, tick_guess_variance: correct pins (the expiring member) expected from guessing
+            uniformly among the candidates of the release's tick: the records delta arrivals before the arrivals the service processed in the
             tick (after the previous tick's last trigger up to this tick's last trigger: an attacker who knows the
             service's lag exactly), covered like the pins' candidates.
         tick_candidates: that candidate count per release.
@@ -359,11 +364,11 @@ class ReleaseTimingReport:
             f"the record delta arrivals before the true trigger is a member in {self.oracle_member:,}",
             f"position attack (delta arrivals before the latest arrival at or before the timestamp): a member in "
             f"{self.position_member:,} of {self.releases:,} ({self.position_member / n:.1%})",
-            "QI attack by window: " + ", ".join(f"{p.window_ms:g} ms: {p.unique:,} unique / {p.correct:,} correct"
-                                                for p in self.pins),
-            f"best window {best.window_ms:g} ms: pinned uniquely {best.unique:,}, correctly {best.correct:,} of "
-            f"{self.releases:,} ({best.correct / n:.1%}); guessing among the tick's candidates (median {med:.0f} per "
-            f"release): {self.tick_guess_expected:.1f} +- {sd:.1f} ({self.tick_guess_expected / n:.1%})",
+            "QI attack by window (unique / the expiring member / a member): " + ", ".join(
+                f"{p.window_ms:g} ms: {p.unique:,} / {p.correct:,} / {p.member:,}" for p in self.pins),
+            f"best window {best.window_ms:g} ms: pinned uniquely {best.unique:,}, the expiring member {best.correct:,} "
+            f"of {self.releases:,} ({best.correct / n:.1%}); guessing among the tick's candidates (median {med:.0f} "
+            f"per release): {self.tick_guess_expected:.1f} +- {sd:.1f} ({self.tick_guess_expected / n:.1%})",
             f"anon order vs trigger order within groups: tau {self.order.tau:.3f} over {self.order.pairs:,} pairs, "
             f"z = {self.order.z:.2f} (a uniformly random order: |z| <= 4)",
         ]
@@ -373,10 +378,18 @@ DEFAULT_WINDOWS_MS = (10.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 500
 
 
 def release_timing_attack(classes: Sequence[ReleasedClass], arrivals: Mapping[int, PartitionArrivals], delta: int,
-                          windows_ms: Sequence[float] = DEFAULT_WINDOWS_MS) -> ReleaseTimingReport:
+                          windows_ms: Sequence[float] = DEFAULT_WINDOWS_MS,
+                          reference_every: int | None = None) -> ReleaseTimingReport:
     """Score the release-timing attack on ``classes`` (see :class:`ReleaseTimingReport`); ``delta``: the engine's
     delay bound in arrivals (public: the attacker knows the configuration).  Classes without a trigger (released
-    by an end-of-stream flush, a wall-clock expiry) are not scored."""
+    by an end-of-stream flush, a wall-clock expiry) are not scored.
+
+    A class that carries a t-closeness reference snapshot tells more: the snapshot in force when it was released
+    was taken after ``reference_total`` arrivals and is renewed every ``reference_every`` (default ``delta``)
+    arrivals, so its trigger is one of the arrivals ``reference_total`` .. ``reference_total + reference_every``
+    (1-based, in one engine's count: a run without restarts); the attacker intersects every window (the pins'
+    and the tick's) with that range."""
+    every = delta if reference_every is None else reference_every
     rep = ReleaseTimingReport(pins=[PinCount(w) for w in windows_ms])
     groups: dict[tuple[int, int], list[ReleasedClass]] = {}
     for c in classes:
@@ -405,21 +418,25 @@ def release_timing_attack(classes: Sequence[ReleasedClass], arrivals: Mapping[in
             continue
         members = frozenset().union(*(c.members for c in cs))
         boxes = [(c.lo, c.hi) for c in cs]
+        refs = [c.reference_total for c in cs if c.reference_total is not None]
+        ref_lo, ref_hi = (max(refs) - 1, min(refs) - 1 + every) if refs else (0, len(arr.offsets))
+        expiring = at - delta
         rep.releases += 1
         rep.classes += len(cs)
-        rep.oracle_member += int(arr.offsets[at - delta]) in members
+        rep.oracle_member += int(arr.offsets[expiring]) in members
         rep.position_member += int(arr.offsets[latest - delta]) in members
         for pin in rep.pins:
-            first = arr.last_at_or_before(t - pin.window_ms) + 1
-            cand = _covered(arr, boxes, first - delta, latest - delta)
+            first = max(arr.last_at_or_before(t - pin.window_ms) + 1, ref_lo)
+            cand = _covered(arr, boxes, first - delta, min(latest, ref_hi) - delta)
             if len(cand) == 1:
                 pin.unique += 1
-                pin.correct += int(arr.offsets[cand[0]]) in members
+                pin.correct += int(cand[0]) == expiring
+                pin.member += int(arr.offsets[cand[0]]) in members
         lo, hi = tick_range[(p, t)]
-        cand = _covered(arr, boxes, lo - delta, hi - delta)
+        cand = _covered(arr, boxes, max(lo, ref_lo) - delta, min(hi, ref_hi) - delta)
         rep.tick_candidates.append(len(cand))
-        if len(cand):
-            q = sum(int(arr.offsets[k]) in members for k in cand) / len(cand)
+        if len(cand) and expiring in cand:
+            q = 1 / len(cand)
             rep.tick_guess_expected += q
             rep.tick_guess_variance += q * (1 - q)
     return rep
@@ -511,8 +528,10 @@ def release_timing_inputs(schema: Schema, inputs: Iterable[TopicMessage], anon: 
         pc = decode_class_message(m.value)
         recs = members[pc.class_id]
         lo, hi = space.box(pc.qi)
+        reference = (json.loads(m.value or b"{}").get("t_closeness") or {}).get("reference")
         classes.append(ReleasedClass(recs[0].src_partition, m.offset, m.timestamp, lo, hi,
-                                     frozenset(r.src_offset for r in recs), recs[0].release_offset))
+                                     frozenset(r.src_offset for r in recs), recs[0].release_offset,
+                                     sum(int(n) for _v, n in reference) if reference else None))
         for r in recs:
             t_in = arrival_ms[(r.src_partition, r.src_offset)]
             publish.append(m.timestamp - t_in)
