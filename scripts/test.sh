@@ -4,6 +4,9 @@
 #   - Node.js/npm (Debian's nodejs and npm) when missing and we are root, then the npm package s3rver into the
 #     project-local, gitignored .cache/npm (the durable-broker tests run Tansu on it; stream_anon.kafka_io.broker
 #     finds it there, or wherever $STREAM_ANON_S3RVER points)
+#   - Java 17 and Maven (Debian's openjdk-17-jre-headless and maven) when missing and we are root, then the Apache
+#     Kafka jars into the project-local, gitignored .cache/apache-kafka (`python scripts/apache_kafka.py fetch`,
+#     from Maven Central; idempotent), so the Apache Kafka tests never download mid-run
 #   - the package with its test extras
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k engine`).
 set -euo pipefail
@@ -31,5 +34,18 @@ if [ -z "${STREAM_ANON_S3RVER:-}" ] && [ ! -f .cache/npm/node_modules/s3rver/lib
   npm install --prefix .cache/npm --no-audit --no-fund s3rver@3.7.1 \
     || echo "scripts/test.sh: installing s3rver failed; the durable broker tests will fail" >&2
 fi
+if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -q && apt-get install -y -q openjdk-17-jre-headless maven; } \
+      || echo "scripts/test.sh: installing Java/Maven failed; the Apache Kafka tests will fail" >&2
+  else
+    echo "scripts/test.sh: java or mvn not found; install Java 17+ and Maven (the Apache Kafka tests need them)" >&2
+  fi
+fi
 python -m pip install -q -e '.[test]'
+if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
+  python scripts/apache_kafka.py fetch \
+    || echo "scripts/test.sh: fetching Apache Kafka failed; the Apache Kafka tests will fail" >&2
+fi
 exec python -m pytest "$@"

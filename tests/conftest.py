@@ -11,6 +11,8 @@ import pytest
 
 from stream_anon.kafka_io.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
 
+pytest_plugins = ["apache_kafka_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
+
 
 @pytest.fixture(scope="session")
 def adult_path() -> Path:

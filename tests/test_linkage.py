@@ -211,7 +211,9 @@ def test_a_class_message_does_not_name_its_expiring_member(run: Run, broker: Any
 
     timing = release_timing_inputs(adult_schema(), read(run.cfg.topics.input), read(run.cfg.topics.anon),
                                    released_records(run.snap.records))
-    rep = release_timing_attack(timing.classes, timing.arrivals, run.cfg.anonymization.delta)
+    a = run.cfg.anonymization
+    rep = release_timing_attack(timing.classes, timing.arrivals, a.delta,
+                                reference_every=a.engine_config(a.seed).effective_t_reference_every)
     print("\nrelease timing (all of ADULT as fast as it can be sent):\n  " +
           "\n  ".join(rep.lines() + timing.latency_lines()))
     assert len(timing.classes) == run.snap.classes and rep.releases > 1000

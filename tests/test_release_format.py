@@ -308,3 +308,42 @@ def test_join_candidates_find_a_shared_identifier() -> None:
     assert join_candidates(anon, side_bad, ignore=["00000000000000000000000000000001"]) == set()
     ids = [_msg(b'{"record_id":"adult-00017"}')]
     assert join_candidates(ids, [_msg(b'{"id":"adult-00017","v":[1]}')]) == {b"adult-00017"}
+
+
+# ---------------------------------------------------------------------------------------------- diversity models
+def test_class_message_states_a_model_beyond_distinct_l_and_the_reference_it_was_checked_on() -> None:
+    from stream_anon.core.diversity import DiversityRequirement
+
+    req = DiversityRequirement(model="entropy", l=1.5, t=0.2)
+    msg = encoder(l=2, requirement=req).encode(generalized={"sex": "Male", "age": "[30-34]"}, members=members(),
+                                               size=5, loss=0.25, reference=(("<=50K", 760), (">50K", 240)))
+    assert msg.value == (b'{"v":1,"class":"00000000000000000000000000000001","qi":{"age":"[30-34]","sex":"Male"},'
+                         b'"k":5,"l":2,"size":5,"loss":0.25,"sensitive":["income"],'
+                         b'"counts":[["<=50K",3],[">50K",2]],"diversity":{"model":"entropy","l":1.5},'
+                         b'"t_closeness":{"t":0.2,"distance":"equal","reference":[["<=50K",760],[">50K",240]]}}')
+    body = decode_class_message(msg.value)
+    assert body.requirement() == req and body.reference() == {"<=50K": 760, ">50K": 240}
+    assert forbidden_fields(msg.value) == []
+    # distinct l alone: the message is the v1 message it always was (no new field)
+    plain = encoder(l=2, requirement=DiversityRequirement(l=2)).encode(
+        generalized={"sex": "Male", "age": "[30-34]"}, members=members(), size=5, loss=0.25)
+    assert b"diversity" not in plain.value and b"t_closeness" not in plain.value
+    assert decode_class_message(plain.value).requirement() == DiversityRequirement(l=2)
+    with pytest.raises(ValueError, match="reference"):
+        encoder(requirement=DiversityRequirement(t=0.2)).encode(
+            generalized={"sex": "Male", "age": "[30-34]"}, members=members(), size=5, loss=0.25)
+
+
+@pytest.mark.parametrize("extra", [
+    b',"diversity":{"model":"max","l":2}', b',"diversity":{"model":"entropy"}', b',"diversity":[1]',
+    b',"diversity":{"model":"recursive","l":2,"c":"3"}', b',"diversity":{"model":"entropy","l":2,"x":1}',
+    b',"t_closeness":{"t":0.2,"distance":"equal","reference":[]}',
+    b',"t_closeness":{"t":0.2,"distance":"auto","reference":[["a",1]]}',
+    b',"t_closeness":{"t":"0.2","distance":"equal","reference":[["a",1]]}',
+    b',"t_closeness":{"t":0.2,"distance":"equal","reference":[["a",0]]}',
+])
+def test_model_fields_are_decoded_strictly(extra: bytes) -> None:
+    base = b'{"v":1,"class":"c","qi":{},"k":5,"l":2,"size":5,"loss":0.1,"sensitive":["s"],"counts":[["x",5]]'
+    assert decode_class_message(base + b"}").counts == ((("x",), 5),)
+    with pytest.raises(ReleaseFormatError):
+        decode_class_message(base + extra + b"}")

@@ -248,7 +248,7 @@ def test_a_schema_that_cannot_be_l_diverse_is_one_clear_error_naming_the_option(
     with pytest.raises(ConfigError, match=needle):
         Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.enabled": False})
     cfg = Config.load(env={}, overrides={"anonymization.schema": str(schema), "side_paths.enabled": False,
-                                         "anonymization.l": "null"})
+                                         "anonymization.l": "null", "anonymization.t_closeness": "null"})
     assert cfg.anonymization.l is None
 
 

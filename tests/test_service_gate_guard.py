@@ -53,7 +53,7 @@ def config(bs: str, prefix: str) -> Config:
         "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": K, "anonymization.delta": 100,
-        "anonymization.l": "null", "anonymization.seed": 1, "service.commit_interval_ms": 200,
+        "anonymization.l": "null", "anonymization.t_closeness": "null", "anonymization.seed": 1, "service.commit_interval_ms": 200,
         "service.metrics_port": 0, "side_paths.enabled": False, "service.workers": 0})
 
 

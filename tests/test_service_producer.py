@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 from producer_support import MemoryTransport, Refused
 
 from stream_anon.config.settings import Config
@@ -192,6 +193,9 @@ def test_idempotent_producer_with_acks_all_on_tansu_reports_every_offset(broker:
     cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
                                          "kafka.producer_client": client})
     topic = f"idem{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)  # the service's producers never create topics
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.close()
     producer = open_producer(cfg.kafka)
     try:
         t = producer.transport

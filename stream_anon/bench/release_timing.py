@@ -83,7 +83,9 @@ def measure(bs: str, records: list[dict[str, Any]], *, tick_seconds: float, rate
         raise RuntimeError(f"the ledger does not account for the run: {snap.problems[:3]}")
     timing = release_timing_inputs(schema, _messages(bs, cfg.topics.input), _messages(bs, cfg.topics.anon),
                                    released_records(snap.records))
-    return release_timing_attack(timing.classes, timing.arrivals, cfg.anonymization.delta), timing, seconds
+    a = cfg.anonymization
+    every = a.engine_config(a.seed).effective_t_reference_every
+    return release_timing_attack(timing.classes, timing.arrivals, a.delta, reference_every=every), timing, seconds
 
 
 def _messages(bs: str, topic: str) -> list[TopicMessage]:

@@ -35,10 +35,23 @@ from stream_anon.cli.arguments import (
     write_text,
 )
 from stream_anon.core.datasets import ADULT_ENV, DatasetError, check_record_ids, read_records
+from stream_anon.core.diversity import (
+    DISTANCES,
+    MODELS,
+    DiversityParameterError,
+    DiversityRequirement,
+    disclosure_figures,
+)
 from stream_anon.core.engine import Engine, EngineConfig, EngineConfigError, Release
 from stream_anon.core.loss import summarize_releases
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
-from stream_anon.core.verify import ReleaseRoles, RolesError, verify_release_file, write_release_meta
+from stream_anon.core.verify import (
+    ReleaseRoles,
+    RolesError,
+    diversity_meta,
+    verify_release_file,
+    write_release_meta,
+)
 
 CLASS_ID_COLUMN = "class_id"
 RECORD_ID_COLUMN = "record_id"
@@ -71,7 +84,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     try:
         return EngineConfig(
             k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
-            leftover=args.leftover, delta_leftover=args.delta_leftover, l=args.l, zeta=args.zeta,
+            leftover=args.leftover, delta_leftover=args.delta_leftover, l=args.l, diversity=args.diversity,
+            c=args.c, t_closeness=args.t_closeness, t_distance=args.t_distance,
+            t_reference_every=args.t_reference_every, zeta=args.zeta,
             max_age=args.max_age, adaptive_delay=args.adaptive_delay, delta_min=args.delta_min, seed=args.seed,
             age_weight=args.age_weight, release_slack=args.release_slack,
         )
@@ -156,12 +171,29 @@ def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> di
         out[key] = loss[key]
     out.update(delay_stats(releases))
     out["late_records"] = sum(1 for r in releases for d in r.delays if d > cfg.delta)
+    if engine.sensitive is not None:
+        out["sensitive_disclosure"] = sensitive_disclosure(releases, engine.sensitive)
     out["max_buffered_records"] = engine.max_buffered
     out["seconds"] = seconds
     out["records_per_second"] = n_in / seconds if seconds > 0 else None
     out["parameters"] = {**cfg.as_dict(), "qi": [a.name for a in engine.schema.qis],
                          "sensitive": engine.sensitive, "person_id": engine.person_id}
     return out
+
+
+def sensitive_disclosure(releases: Sequence[Release], sensitive: str) -> dict[str, Any]:
+    """:func:`~stream_anon.core.diversity.disclosure_figures` of the released classes (reused records counted in
+    their class) with the prior over every input record (released or suppressed)."""
+    classes: dict[str, dict[Any, int]] = {}
+    prior: dict[Any, int] = {}
+    for r in releases:
+        for rec in r.records:
+            v = rec[sensitive]
+            prior[v] = prior.get(v, 0) + 1
+            if r.kind == "class":
+                c = classes.setdefault(r.class_id, {})
+                c[v] = c.get(v, 0) + 1
+    return disclosure_figures(classes.values(), prior)
 
 
 def release_rng(seed: int | None) -> random.Random:
@@ -173,7 +205,9 @@ def release_rng(seed: int | None) -> random.Random:
 
 
 def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool = False,
-                  rng: random.Random | None = None) -> tuple[pd.DataFrame, ReleaseRoles]:
+                  rng: random.Random | None = None,
+                  references: dict[str, tuple[tuple[Any, int], ...]] | None = None
+                  ) -> tuple[pd.DataFrame, ReleaseRoles]:
     """The released table of the engine's releases (``kind == "class"``) and the roles of its columns.
 
     Public layout (default): ``class_id`` (an opaque random id of 64 bits, drawn from ``rng``, default the
@@ -184,6 +218,9 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
 
     ``keep_ids``: the internal layout: ``record_id``, the person id column (when the schema has one), the
     engine's class id, QIs, sensitive value(s), in release order.
+
+    ``references`` (t-closeness): filled with the reference each class of the table was checked against,
+    by the table's class id (for the meta file).
     """
     qis = [a.name for a in schema.attributes if a.is_qi]
     sens = [a.name for a in schema.sensitive]
@@ -199,25 +236,34 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
             for rec in r.records:
                 ids = [rec.get(rid_field)] + ([rec.get(pid)] if pid else [])
                 rows.append([*ids, r.class_id, *released, *(rec[c] for c in sens)])
+            if references is not None and r.reference is not None:
+                references.setdefault(r.class_id, r.reference)
         roles = ReleaseRoles(class_id=CLASS_ID_COLUMN, quasi_identifiers=tuple(qis), sensitive=tuple(sens),
                              record_id=RECORD_ID_COLUMN, person_id=pid, source="anonymize --keep-ids")
         return pd.DataFrame(rows, columns=[*id_cols, CLASS_ID_COLUMN, *qis, *sens]), roles
     rng = rng if rng is not None else release_rng(None)
     classes: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = {}
+    refs: dict[tuple[str, tuple[str, ...]], tuple[tuple[Any, int], ...]] = {}
     for r in releases:
         if r.kind != "class":
             continue
         # keyed by the generalization too: a reuse under a class id with another generalization (an engine
         # bug) stays a class of its own, which verify then sees, instead of being relabelled
-        members = classes.setdefault((r.class_id, tuple(r.generalized[q] for q in qis)), [])
+        key = (r.class_id, tuple(r.generalized[q] for q in qis))
+        members = classes.setdefault(key, [])
         members.extend([rec[c] for c in sens] for rec in r.records)
+        if r.reference is not None:
+            refs.setdefault(key, r.reference)
     opaque: set[str] = set()
     blocks: list[tuple[str, tuple[str, ...], list[list[Any]]]] = []
-    for (_, gen), members in classes.items():
+    for key, members in classes.items():
+        gen = key[1]
         cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"
         while cid in opaque:  # a collision is astronomically unlikely; ids stay unique in the file anyway
             cid = f"{rng.getrandbits(OPAQUE_ID_BITS):0{OPAQUE_ID_BITS // 4}x}"
         opaque.add(cid)
+        if references is not None and key in refs:
+            references[cid] = refs[key]
         rng.shuffle(members)
         blocks.append((cid, gen, members))
     rng.shuffle(blocks)
@@ -228,12 +274,15 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
 
 
 def write_release(path: Path, table: pd.DataFrame, roles: ReleaseRoles, schema: Schema,
-                  config: EngineConfig) -> Path:
+                  config: EngineConfig, *, requirement: DiversityRequirement | None = None,
+                  references: dict[str, tuple[tuple[Any, int], ...]] | None = None) -> Path:
     """Write the released CSV and its meta file ``<path>.meta.json``; returns the meta file's path."""
     try:
         table.to_csv(path, index=False)
         return write_release_meta(
-            path, roles, schema=schema.name, k=config.k, l=config.l, records=len(table),
+            path, roles, schema=schema.name, k=config.k,
+            l=requirement.min_distinct if requirement is not None and requirement.l_active else None,
+            **diversity_meta(requirement, references), records=len(table),
             classes=int(table[roles.class_id].nunique()),
             class_size_counts="distinct persons" if roles.person_id else (
                 "records" if roles.withheld_person_id is None else
@@ -264,8 +313,11 @@ def cmd_anonymize(args: argparse.Namespace) -> int:
     summary["input"] = str(path)
     summary["format"] = fmt
     if out is not None:
-        table, roles = release_table(releases, schema, keep_ids=args.keep_ids, rng=release_rng(args.release_seed))
-        meta = write_release(out, table, roles, schema, config)
+        references: dict[str, tuple[tuple[Any, int], ...]] = {}
+        table, roles = release_table(releases, schema, keep_ids=args.keep_ids, rng=release_rng(args.release_seed),
+                                     references=references)
+        meta = write_release(out, table, roles, schema, config, requirement=engine.diversity,
+                             references=references)
         summary["release"] = {"layout": roles.layout, "file": str(out), "meta": str(meta)}
         if args.keep_ids:
             print("stream-anon anonymize: warning: --keep-ids: the release carries record ids, engine class ids "
@@ -286,8 +338,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every check passes, 1 on a violation, 2 when the roles or the input are unclear."""
     if args.k < 2:
         raise UsageError(f"--k: must be an integer >= 2 (k=1 holds for any table), got {args.k}")
-    if args.l is not None and args.l < 1:
-        raise UsageError(f"--l: must be an integer >= 1, got {args.l}")
+    try:
+        requirement = DiversityRequirement(model=args.diversity, l=args.l, c=args.c, t=args.t_closeness)
+    except DiversityParameterError as e:
+        raise UsageError(f"--{e.parameter.replace('_', '-')}: must be {e.allowed}, got {e.value!r}") from None
     path = input_file("--input", args.input)
     if args.schema and args.adult_schema:
         raise UsageError("--schema and --adult-schema: give one of them, not both")
@@ -296,15 +350,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     schema = load_schema("--schema", args.schema) if args.schema else (adult_schema() if args.adult_schema else None)
     meta: Path | bool = input_file("--meta", args.meta) if args.meta is not None else not args.no_meta
     qis = comma_list("--qi", args.qi)
-    report = verify_release_file(path, args.k, args.l, qis, args.sensitive, person_id=args.person_id,
-                                 schema=schema, meta=meta)
+    report = verify_release_file(path, args.k, None, qis, args.sensitive, person_id=args.person_id,
+                                 schema=schema, meta=meta, requirement=requirement if requirement.active else None,
+                                 t_distance=args.t_distance)
     roles = report.roles
     assert roles is not None
     print(roles.describe())
     if roles.withheld_person_id:
         print(f"note: the release does not carry the person id {roles.withheld_person_id!r}: class sizes count "
               f"records, and a class of k records may hold fewer than k individuals")
-    params = f"k={args.k}{'' if args.l is None else f', l={args.l}'}"
+    params = f"k={args.k}{'' if not requirement.active else ', ' + requirement.describe()}"
+    for note in report.notes:
+        print(f"note: {note}")
     if report.ok:
         print(f"OK: {report.records} records in {report.classes} classes, smallest class {report.min_class_size} "
               f"{report.size_unit} ({params})")
@@ -313,6 +370,30 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for v in report.violations:
         print(f"  {v}")
     return 1
+
+
+def number(text: str) -> int | float:
+    """An argparse type: ``2`` -> 2, ``1.5`` -> 1.5."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return int(v) if v.is_integer() else v
+
+
+def add_diversity_arguments(p: argparse.ArgumentParser) -> None:
+    """--l, --diversity, --c, --t-closeness, --t-distance (anonymize and verify)."""
+    p.add_argument("--l", type=number, default=None,
+                   help="l of the l-diversity model: distinct sensitive values per class (an integer; with "
+                        "--diversity entropy any number >= 1)")
+    p.add_argument("--diversity", choices=list(MODELS), default="distinct",
+                   help="l-diversity model: distinct (>= l values), entropy (entropy >= log l) or recursive "
+                        "(r1 < c (r_l + ... + r_m), needs --c); default distinct")
+    p.add_argument("--c", type=float, default=None, help="c of recursive (c, l)-diversity (> 0)")
+    p.add_argument("--t-closeness", type=float, default=None,
+                   help="t-closeness: EMD of every class's sensitive distribution to the reference <= t")
+    p.add_argument("--t-distance", choices=list(DISTANCES), default="auto",
+                   help="ground distance of t-closeness: auto (ordered if numeric, else equal), equal, ordered")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -324,7 +405,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", choices=["gt", "lm", "ubdsa"], default="gt", help="loss scoring the cluster choice")
     p.add_argument("--leftover", choices=["suppress", "leftover"], default="suppress")
     p.add_argument("--delta-leftover", type=int, default=None, help="max further wait in the leftover cluster")
-    p.add_argument("--l", type=int, default=None, help="l-diversity: distinct sensitive values per class")
+    add_diversity_arguments(p)
+    p.add_argument("--t-reference-every", type=int, default=None,
+                   help="t-closeness: freeze the running distribution every this many arrivals (default: delta)")
     p.add_argument("--zeta", type=int, default=1000, help="released clusters kept for reuse (0: no reuse)")
     p.add_argument("--max-age", type=int, default=None, help="drop reuse clusters older than this many arrivals")
     p.add_argument("--adaptive-delay", action="store_true", help="adapt the delay within [delta-min, delta]")
@@ -365,7 +448,7 @@ def register(sub: Any) -> None:
                     "(<input>.meta.json, or --meta), else --schema; verify never guesses."))
     v.add_argument("--input", required=True, help="released CSV (anonymize --output), either layout")
     v.add_argument("--k", type=int, required=True, help="every class must hold >= k distinct individuals (>= 2)")
-    v.add_argument("--l", type=int, default=None, help="every class must hold >= l distinct sensitive values")
+    add_diversity_arguments(v)
     v.add_argument("--qi", default=None, help="comma-separated QI columns (overrides the meta file and the schema)")
     v.add_argument("--sensitive", default=None, help="the sensitive column (overrides the meta file and the schema)")
     v.add_argument("--person-id", default=None, help="column of person ids: class sizes count distinct persons")

@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "side": "stream_anon.bench.side",                   # LDP side paths: pure, raw send floor, end to end
     "side-kafka": "stream_anon.bench.side",             # the same (its former name)
     "release-path": "stream_anon.bench.release_path",   # pre-publish gate / ledger cost, CASTLE reuse on ADULT
+    "diversity": "stream_anon.bench.diversity",         # l-diversity models and t-closeness on ADULT: loss, disclosure
     "release-timing": "stream_anon.bench.release_timing",  # the expiring member's pin rate, ticks' latency
 }
 

@@ -33,6 +33,8 @@ import numpy as np
 import yaml
 
 from stream_anon.config.side_paths import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
+from stream_anon.core.diversity import DiversityRequirement
+from stream_anon.core.engine.castle import diversity_requirement
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
@@ -110,7 +112,12 @@ class AnonymizationSettings:
     loss: str = "gt"  # gt | lm | ubdsa
     leftover: str = "suppress"  # suppress | leftover
     delta_leftover: int | None = None
-    l: int | None = 2  # noqa: E741  (l-diversity, CASTLE's extension; null: none, see docs/threat-model.md)
+    l: int | float | None = 2  # noqa: E741  (l of the l-diversity model; null: none, see docs/threat-model.md)
+    diversity: str = "distinct"  # distinct | entropy | recursive (the l-diversity model, core/diversity.py)
+    c: float | None = None  # c of recursive (c, l)-diversity
+    t_closeness: float | None = 0.2  # t-closeness against the stream's running distribution (null: off; threat-model.md)
+    t_distance: str = "auto"  # auto | equal | ordered: ground distance of t-closeness
+    t_reference_every: int | None = None  # the running distribution is frozen every this many arrivals (null: delta)
     zeta: int | None = 0  # CASTLE's cluster reuse: the service requires 0 (docs/threat-model.md)
     max_age: int | None = None
     max_delay_seconds: float | None = None
@@ -130,8 +137,15 @@ class AnonymizationSettings:
         extra: dict[str, Any] = {} if self.zeta is None else {"zeta": self.zeta}
         return EngineConfig(k=self.k, delta=self.delta, beta=self.beta, mu=self.mu, algorithm=self.algorithm,
                             loss=self.loss, leftover=self.leftover, delta_leftover=self.delta_leftover, l=self.l,
+                            diversity=self.diversity, c=self.c, t_closeness=self.t_closeness,
+                            t_distance=self.t_distance, t_reference_every=self.t_reference_every,
                             max_age=self.max_age, max_delay_seconds=self.max_delay_seconds,
                             adaptive_delay=self.adaptive_delay, delta_min=self.delta_min, seed=seed, **extra)
+
+    def requirement(self, schema: Schema) -> DiversityRequirement | None:
+        """The diversity requirement on ``schema``'s sensitive attribute (None: nothing beyond k), as the
+        engine builds it (one definition for the engine, the gate and the class message)."""
+        return diversity_requirement(schema, self.engine_config(seed=None))
 
 
 @dataclass(frozen=True)
@@ -268,6 +282,10 @@ class Config:
         except EngineConfigError as e:
             raise ConfigError(f"option anonymization.{e.parameter}: expected {e.allowed}, got {e.value!r}") from None
         _check_service_privacy(a, schema)
+        try:
+            a.requirement(schema)
+        except EngineConfigError as e:
+            raise ConfigError(f"option anonymization.{e.parameter}: expected {e.allowed}, got {e.value!r}") from None
         if self.side_paths.enabled and s.side_paths_mode != "off":
             try:
                 plan_side_paths(self.side_paths, schema, np.random.default_rng(0))
@@ -297,19 +315,25 @@ class Config:
 
 
 def _check_service_privacy(a: AnonymizationSettings, schema: Schema) -> None:
-    """The service's threat-model defaults (docs/threat-model.md): no cluster reuse; l-diversity that the
-    schema's sensitive attribute can satisfy."""
+    """The service's threat-model defaults (docs/threat-model.md): no cluster reuse; l-diversity and t-closeness
+    that the schema's sensitive attribute can satisfy."""
     if a.zeta != 0:
         got = "null (the engine's default reuse)" if a.zeta is None else repr(a.zeta)
         raise ConfigError(f"option anonymization.zeta: CASTLE's cluster reuse publishes single records, which a "
                           f"reader of the anon topic can re-identify by arrival time; the service requires 0, got "
                           f"{got} (docs/threat-model.md)")
-    if a.l is None or a.l <= 1:
+    wants_l = a.l is not None and a.l > 1
+    if not schema.sensitive and (wants_l or a.t_closeness is not None):
+        also = " and anonymization.t_closeness: null" if a.t_closeness is not None else ""
+        if wants_l:
+            raise ConfigError(f"option anonymization.l: l-diversity (default 2 in the service) needs a sensitive "
+                              f"attribute and schema {schema.name!r} has none; set anonymization.l: null{also} to "
+                              f"release k-anonymous classes without it (docs/threat-model.md)")
+        raise ConfigError(f"option anonymization.t_closeness: t-closeness (default 0.2 in the service) needs a "
+                          f"sensitive attribute and schema {schema.name!r} has none; set anonymization.t_closeness: "
+                          f"null to release k-anonymous classes without it (docs/threat-model.md)")
+    if not wants_l or a.l is None:
         return
-    if not schema.sensitive:
-        raise ConfigError(f"option anonymization.l: l-diversity (default 2 in the service) needs a sensitive "
-                          f"attribute and schema {schema.name!r} has none; set anonymization.l: null to release "
-                          f"k-anonymous classes without it (docs/threat-model.md)")
     attr = schema.sensitive[0]
     values = attr.domain_values
     if values and len(values) < a.l:
@@ -428,7 +452,12 @@ def _convert(value: Any, hint: Any, name: str, origin: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         if isinstance(value, str) and value.strip() in ("null", "") and type(None) in args:
             return None
-        return _convert(value, inner[0], name, origin)
+        for alt in inner[:-1]:  # int | float: an integer if it is one, else a number
+            try:
+                return _convert(value, alt, name, origin)
+            except ConfigError:
+                continue
+        return _convert(value, inner[-1], name, origin)
     if origin_t is list:
         if isinstance(value, str):
             parsed = _parse_scalar(value)

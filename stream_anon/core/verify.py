@@ -21,7 +21,13 @@ Checks, all vectorized (pandas groupby):
    is given (CASTLE's k_s-anonymity counts persons, not tuples), else distinct record ids, else rows;
 3. every row of a class carries identical QI strings (the class *is* the equivalence class);
 4. with ``l``: every class holds at least ``l`` distinct sensitive values (``>= l``; a port's off-by-one
-   asked for ``l + 1``);
+   asked for ``l + 1``); with a ``requirement``
+   (:class:`~stream_anon.core.diversity.DiversityRequirement`): entropy or recursive (c, l) l-diversity, and
+   t-closeness against each class's stated reference (``references``: what the release carries; anonymize's
+   meta file) or, without one, against the file's own distribution of the sensitive column (a different
+   test: a stream checks each class against the distribution seen when it was released, see
+   docs/offline-tools.md); the distribution of classes' distances to the file's own distribution is
+   reported as a note either way;
 5. with ``schema``: every QI string parses (interval ``[lo-hi]`` inside the public domain, or a label of
    the attribute's hierarchy); with ``original`` as well (needs record ids): every released record exists
    in the original data and each generalized value covers the original value (interval contains it; node
@@ -40,12 +46,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stream_anon.core.diversity import DiversityRequirement, emd
 from stream_anon.core.intervals import parse_interval
 from stream_anon.core.schema import Attribute, Kind, Schema
 from stream_anon.core.validation import raising, require_int
 
 __all__ = ["VerificationReport", "ReleaseRoles", "RolesError", "verify_release_frame", "verify_release_file",
-           "read_release", "resolve_roles", "meta_path", "read_release_meta", "write_release_meta",
+           "read_release", "resolve_roles", "meta_path", "read_release_meta", "read_release_references",
+           "write_release_meta", "diversity_meta",
            "RELEASE_META_FORMAT", "RELEASE_META_SUFFIX"]
 
 RELEASE_META_SUFFIX = ".meta.json"
@@ -67,11 +75,12 @@ class VerificationReport:
     violation_counts: dict[str, int] = field(default_factory=dict)
     size_unit: str = "distinct records"  # what a class size counts
     roles: ReleaseRoles | None = None  # the column roles checked (set by verify_release_file)
+    notes: list[str] = field(default_factory=list)  # informational lines (not violations)
 
     def __str__(self) -> str:
         head = (f"{'OK' if self.ok else 'VIOLATIONS'}: {self.records} records, {self.classes} classes, "
                 f"min class size {self.min_class_size} ({self.size_unit})")
-        return "\n".join([head, *("  - " + v for v in self.violations)])
+        return "\n".join([head, *("  - " + v for v in self.violations), *("  note: " + n for n in self.notes)])
 
 
 class _Collector:
@@ -188,6 +197,55 @@ def read_release_meta(path: str | os.PathLike[str]) -> ReleaseRoles:
                         withheld_person_id=withheld if isinstance(withheld, str) else None)
 
 
+def diversity_meta(requirement: DiversityRequirement | None,
+                   references: Mapping[str, Sequence[tuple[Any, int]]] | None) -> dict[str, Any]:
+    """What a meta file states about the diversity model (keyword arguments of :func:`write_release_meta`):
+    ``diversity`` (entropy / recursive) and ``t_closeness`` with the distinct references and each class's index
+    among them (``class_reference``: class id -> index).
+
+    The references are the running distribution's snapshots; a class's index tells which snapshot was in force
+    at its release (so roughly when it was released, as a class message's timestamp does in the service)."""
+    if requirement is None:
+        return {}
+    out = dict(requirement.public_fields())
+    if requirement.t is not None:
+        distinct: dict[tuple[tuple[Any, int], ...], int] = {}
+        index = {cid: distinct.setdefault(tuple((v, int(n)) for v, n in ref), len(distinct))
+                 for cid, ref in (references or {}).items()}
+        out["t_closeness"] = {**out["t_closeness"], "references": [[list(p) for p in ref] for ref in distinct],
+                              "class_reference": index}
+    return out
+
+
+def _meta_t_distance(path: Path) -> str | None:
+    try:
+        block = json.loads(path.read_text(encoding="utf-8")).get("t_closeness")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    d = block.get("distance") if isinstance(block, Mapping) else None
+    return d if d in ("equal", "ordered") else None
+
+
+def read_release_references(path: str | os.PathLike[str]) -> dict[str, dict[Any, int]] | None:
+    """The t-closeness references a meta file states (class id -> value -> count), or None when it has none.
+
+    ``anonymize`` writes ``"t_closeness": {"t", "distance", "references": [[[value, count], ...], ...],
+    "class_reference": {class id: index into references}}``."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RolesError(f"meta file {str(p)!r} cannot be read as JSON: {e}") from None
+    block = doc.get("t_closeness") if isinstance(doc, Mapping) else None
+    if block is None:
+        return None
+    try:
+        refs = [{v: int(n) for v, n in r} for r in block["references"]]
+        return {str(cid): refs[int(i)] for cid, i in block["class_reference"].items()}
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise RolesError(f"meta file {str(p)!r}: t_closeness must hold references and class_reference ({e!r})") from None
+
+
 def resolve_roles(columns: Sequence[str], *, qis: Sequence[str] | None = None, sensitive: str | None = None,
                   person_id: str | None = None, meta: ReleaseRoles | None = None, schema: Schema | None = None,
                   where: str = "the release") -> ReleaseRoles:
@@ -299,7 +357,9 @@ def read_release(path: str | os.PathLike[str]) -> pd.DataFrame:
 def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l: int | None = None,  # noqa: E741
                          sensitive: str | None = None, *, record_id: str | None = "record_id",
                          class_id: str = "class_id", person_id: str | None = None, schema: Schema | None = None,
-                         original: pd.DataFrame | None = None, original_id: str | None = None) -> VerificationReport:
+                         original: pd.DataFrame | None = None, original_id: str | None = None,
+                         requirement: DiversityRequirement | None = None,
+                         references: Mapping[str, Mapping[Any, int]] | None = None) -> VerificationReport:
     """Check a released table (see the module docstring); returns a :class:`VerificationReport`.
 
     ``qi_columns`` must not be empty.  ``k`` >= 1; ``l`` (optional) >= 1 needs ``sensitive``.
@@ -311,7 +371,12 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
     require_int("k", k, low=1, error=_VERIFY_ERROR)
     if l is not None:
         require_int("l", l, low=1, error=_VERIFY_ERROR)
-    if l is not None and sensitive is None:
+    if requirement is not None and requirement.l_active and requirement.model == "distinct":
+        if l is None or l < int(requirement.l):  # type: ignore[arg-type]
+            l = int(requirement.l)  # type: ignore[arg-type]  # noqa: E741
+    beyond = requirement is not None and (requirement.t is not None or
+                                          (requirement.l_active and requirement.model != "distinct"))
+    if (l is not None or beyond) and sensitive is None:
         raise ValueError("verify: l-diversity needs the sensitive column (sensitive=None given)")
     if original is not None and schema is None:
         raise ValueError("verify: checking coverage of the original data needs the schema")
@@ -320,8 +385,8 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
     qis = list(qi_columns)
     if not qis:
         raise ValueError("verify: no quasi-identifier column given: a class's QIs could not be checked")
-    needed = [c for c in (record_id, class_id) if c] + qis + ([sensitive] if l is not None and sensitive else []) + (
-        [person_id] if person_id else [])
+    needed = [c for c in (record_id, class_id) if c] + qis + (
+        [sensitive] if (l is not None or beyond) and sensitive else []) + ([person_id] if person_id else [])
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise ValueError(f"verify: column(s) {missing} missing from the released table; found {list(df.columns)}")
@@ -371,6 +436,11 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
         out.add("class below l", [f"class {c!r}: {int(d)} distinct {sensitive!r} values < l={l}"
                                   for c, d in low.items()], len(low))
 
+    # 4b. the model beyond distinct l: entropy / recursive l-diversity, t-closeness
+    notes: list[str] = []
+    if beyond and requirement is not None and sensitive is not None:
+        _check_model(df[sensitive].astype(str), cids, requirement, references, sensitive, out, notes)
+
     # 5. strings parse within the schema; generalizations cover the original values
     if schema is not None:
         _check_against_schema(df, qis, schema, rids, cids, out, original,
@@ -378,7 +448,70 @@ def verify_release_frame(df: pd.DataFrame, qi_columns: Sequence[str], k: int, l:
 
     return VerificationReport(ok=not out.messages, violations=out.messages, classes=int(len(sizes)),
                               min_class_size=int(sizes.min()), records=n, violation_counts=dict(out.counts),
-                              size_unit=unit)
+                              size_unit=unit, notes=notes)
+
+
+def _check_model(values: pd.Series, cids: pd.Series, req: DiversityRequirement,
+                 references: Mapping[str, Mapping[Any, int]] | None, sensitive: str, out: _Collector,
+                 notes: list[str]) -> None:
+    """Entropy / recursive l-diversity and t-closeness of every class, vectorized over classes (one crosstab).
+
+    Values are compared as text (a CSV holds text; a reference's values are read as text too).  The ordered
+    distance orders them as numbers."""
+    table = pd.crosstab(cids, values)
+    ref_table: pd.DataFrame | None = None
+    if req.t is not None and references is not None:
+        missing = [c for c in table.index if str(c) not in references]
+        out.add("no t-closeness reference", [f"class {c!r}: the release states no reference distribution for it"
+                                            for c in missing[:MAX_MESSAGES_PER_CHECK]], len(missing))
+        rows = {str(c): {str(v): int(n) for v, n in references.get(str(c), {}).items()} for c in table.index}
+        ref_table = pd.DataFrame.from_dict(rows, orient="index").fillna(0)
+        cols = table.columns.union(ref_table.columns)
+        table = table.reindex(columns=cols, fill_value=0)
+        ref_table = ref_table.reindex(index=[str(c) for c in table.index], columns=cols, fill_value=0)
+    if req.t is not None and req.distance == "ordered":
+        num = pd.to_numeric(pd.Series(table.columns), errors="coerce")
+        if num.isna().any():
+            bad = [str(v) for v in pd.Series(table.columns)[num.isna()][:3]]
+            out.add("t-closeness", [f"column {sensitive!r}: the ordered distance needs numeric values, got {bad}"])
+            return
+        order = np.argsort(num.to_numpy(), kind="stable")
+        table = table.iloc[:, order]
+        if ref_table is not None:
+            ref_table = ref_table.iloc[:, order]
+    counts = table.to_numpy(dtype=np.float64)
+    own = counts.sum(axis=0)
+    if req.l_active and req.model != "distinct":
+        bad_l = np.flatnonzero(~req.l_check(counts))
+        l_req = DiversityRequirement(model=req.model, l=req.l, c=req.c)
+        msgs = [f"class {table.index[i]!r}: " + "; ".join(l_req.explain(dict(zip(table.columns, counts[i], strict=True)),
+                                                                        None, sensitive))
+                for i in bad_l[:MAX_MESSAGES_PER_CHECK]]
+        out.add(f"class not {req.model} l-diverse", msgs, len(bad_l))
+    if req.t is None:
+        return
+    t_req = DiversityRequirement(t=req.t, distance=req.distance)
+    d_own = emd(counts, own, req.distance)
+    if ref_table is None:
+        bad_t = np.flatnonzero(d_own > req.t + 1e-9)
+        what = "the file's own distribution"
+        notes.append(f"t-closeness checked against {what} of {sensitive!r} (no per-class reference given, e.g. no "
+                     f"meta file): a stream checks each class against the distribution when it was released, so a "
+                     f"streamed release may fail this and still hold its claim")
+    else:
+        refs = ref_table.to_numpy(dtype=np.float64)
+        d_ref = emd(counts, refs, req.distance)
+        stated = refs.sum(axis=1) > 0  # a class without one is reported above
+        bad_t = np.flatnonzero(~t_req.check(counts, refs) & stated)
+        what = "its stated reference"
+        over = int(np.count_nonzero(d_own > req.t + 1e-9))
+        notes.append(f"against the file's own distribution of {sensitive!r} (not the claim): {over} of {len(counts)} "
+                     f"classes are farther than t={req.t} (max EMD {float(d_own.max()):.4f}; against the stated "
+                     f"references max {float(d_ref[stated].max()) if stated.any() else 0.0:.4f})")
+    dist = d_own if ref_table is None else emd(counts, ref_table.to_numpy(dtype=np.float64), req.distance)
+    msgs = [f"class {table.index[i]!r}: EMD of {sensitive!r} to {what} {float(dist[i]):.4f} > t={req.t} "
+            f"({req.distance} distance)" for i in bad_t[:MAX_MESSAGES_PER_CHECK]]
+    out.add("class not t-close", msgs, len(bad_t))
 
 
 def _parse_column(a: Attribute, values: pd.Series) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
@@ -459,29 +592,54 @@ def verify_release_file(path: str | os.PathLike[str], k: int, l: int | None = No
                         qi_columns: Sequence[str] | None = None, sensitive: str | None = None, *,
                         person_id: str | None = None, schema: Schema | None = None,
                         meta: str | os.PathLike[str] | bool = True, original: pd.DataFrame | None = None,
-                        original_id: str | None = None) -> VerificationReport:
+                        original_id: str | None = None, requirement: DiversityRequirement | None = None,
+                        t_distance: str = "auto") -> VerificationReport:
     """Read a released CSV (all columns as strings), resolve its roles and :func:`verify_release_frame` it.
 
     ``meta``: True reads ``<path>.meta.json`` when it exists, a path reads that meta file (which must
     exist), False ignores meta files.  Roles: :func:`resolve_roles` (raises :class:`RolesError` when it
     cannot tell).  With ``l``, the l-diversity column is ``sensitive`` or the first sensitive column.
-    The report's ``roles`` says which columns were checked as what.
+    The report's ``roles`` says which columns were checked as what.  ``requirement``: the diversity model
+    to check beyond distinct l; its t-closeness references come from the meta file (else the file's own
+    distribution is the reference, and the report notes it).  ``t_distance`` (``auto``, ``equal``,
+    ``ordered``) replaces the requirement's distance; ``auto``: the meta file's, else ordered when the schema
+    says the sensitive attribute is numeric (or, without a schema, every value is a number), else equal.
     """
     df = read_release(path)
     roles_meta: ReleaseRoles | None = None
+    references = None
+    meta_file: Path | None = None
     if meta is True:
         if meta_path(path).is_file():
-            roles_meta = read_release_meta(meta_path(path))
+            meta_file = meta_path(path)
     elif meta is not False:
-        roles_meta = read_release_meta(meta)
+        meta_file = Path(meta)
+    if meta_file is not None:
+        roles_meta = read_release_meta(meta_file)
+        if requirement is not None and requirement.t is not None:
+            references = read_release_references(meta_file)
     roles = resolve_roles(list(df.columns), qis=qi_columns, sensitive=sensitive, person_id=person_id,
                           meta=roles_meta, schema=schema, where=str(path))
     l_column = roles.sensitive[0] if roles.sensitive else None
-    if l is not None and l_column is None:
+    if (l is not None or (requirement is not None and requirement.active)) and l_column is None:
         raise RolesError(f"{path}: l-diversity needs a sensitive column and the release has none "
                          f"({roles.describe()}); name it with --sensitive")
+    if requirement is not None and requirement.t is not None and l_column is not None:
+        distance = t_distance
+        if distance == "auto":
+            stated = _meta_t_distance(meta_file) if meta_file is not None else None
+            if stated is not None:
+                distance = stated
+            elif schema is not None and l_column in schema:
+                distance = "ordered" if schema[l_column].kind is Kind.NUMERIC else "equal"
+            else:
+                numeric = pd.to_numeric(df[l_column], errors="coerce").notna().all()
+                distance = "ordered" if numeric and len(df) else "equal"
+        requirement = DiversityRequirement(model=requirement.model, l=requirement.l, c=requirement.c,
+                                           t=requirement.t, distance=distance)
     report = verify_release_frame(df, roles.quasi_identifiers, k, l, l_column, record_id=roles.record_id,
                                   class_id=roles.class_id, person_id=roles.person_id, schema=schema,
-                                  original=original, original_id=original_id)
+                                  original=original, original_id=original_id, requirement=requirement,
+                                  references=references)
     report.roles = roles
     return report

@@ -17,7 +17,13 @@ reads every *public* topic; so a public message carries nothing that singles out
   class may disclose; counts in a canonical order are that multiset with no order at all (nothing to get wrong
   with a non-cryptographic or seeded shuffle), need no randomness, are byte-deterministic and smaller (ADULT:
   at most 2 rows instead of k values), and keep the joint values when a schema has several sensitive
-  attributes.  No record ids, offsets, release ids, delays or latencies; no source headers.  Opt-in
+  attributes.  With a diversity model beyond distinct l the message states it after ``counts`` (only then, so
+  the default message is unchanged): ``"diversity":{"model":"entropy","l":1.5}`` (or ``"recursive"`` with
+  ``"c"``; ``l`` then holds the distinct values the model guarantees), and with t-closeness
+  ``"t_closeness":{"t":0.2,"distance":"equal","reference":[["<=50K",7598],[">50K",2402]]}``: the reference
+  distribution the class was checked against (value order; see
+  :class:`~stream_anon.core.diversity.RunningReference`), so a reader can recompute the check from the
+  message alone.  No record ids, offsets, release ids, delays or latencies; no source headers.  Opt-in
   ``release.include_record_ids`` (outside the threat model) adds ``"members": [[record_id, v_1, ..., v_m],
   ...]`` sorted by the record id's canonical JSON.
   Kafka key: the class id (ASCII).  The bytes are :func:`canonical_json`; the ledger stores them and a
@@ -62,6 +68,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _encode_basestring_ascii
 from typing import Any
+
+from stream_anon.core.diversity import DISTANCES, MODELS, DiversityRequirement
 
 FORMAT_VERSION = 1
 """``"v"`` of every message this module writes."""
@@ -277,24 +285,29 @@ class ClassEncoder:
     Args:
         qis: QI names in the order they are written (the schema's order).
         sensitive: sensitive attribute names (joint values are counted).
-        k, l: the configured parameters (written as is).
+        k, l: the configured parameters (written as is; ``l``: the distinct sensitive values every class holds).
         include_record_ids: ``release.include_record_ids``.
         new_class_id: id source (default :func:`random_class_id`; inject a seeded one in tests only).
+        requirement: the diversity requirement, stated in the message when it goes beyond distinct l.
     """
 
     def __init__(self, *, qis: Sequence[str], sensitive: Sequence[str], k: int, l: int | None = None,  # noqa: E741
-                 include_record_ids: bool = False, new_class_id: Callable[[], str] = random_class_id) -> None:
+                 include_record_ids: bool = False, new_class_id: Callable[[], str] = random_class_id,
+                 requirement: DiversityRequirement | None = None) -> None:
         self.qis = tuple(qis)
         self.sensitive = tuple(sensitive)
         self.k = int(k)
         self.l = None if l is None else int(l)
         self.include_record_ids = include_record_ids
         self.new_class_id = new_class_id
+        self.model_fields = requirement.public_fields() if requirement is not None else {}
 
     def encode(self, *, generalized: Mapping[str, str], members: Sequence[Mapping[str, Any]], size: int,
-               loss: float, record_ids: Sequence[Any] | None = None) -> EncodedMessage:
+               loss: float, record_ids: Sequence[Any] | None = None,
+               reference: Sequence[tuple[Any, int]] | None = None) -> EncodedMessage:
         """One class message; ``members``: the original records (sensitive values read from them);
-        ``record_ids``: same order, used only with ``include_record_ids``."""
+        ``record_ids``: same order, used only with ``include_record_ids``; ``reference``: with t-closeness, the
+        reference the class was checked against (``(value, count)`` pairs, from the gate)."""
         class_id = self.new_class_id()
         lossf = float(loss)
         body: dict[str, Any] = {
@@ -302,6 +315,14 @@ class ClassEncoder:
             "k": self.k, "l": self.l, "size": int(size), "loss": lossf if math.isfinite(lossf) else None,
             "sensitive": list(self.sensitive), "counts": sensitive_counts(members, self.sensitive),
         }
+        if self.model_fields:
+            if "diversity" in self.model_fields:
+                body["diversity"] = dict(self.model_fields["diversity"])
+            if "t_closeness" in self.model_fields:
+                if reference is None:
+                    raise ValueError("t-closeness: the class message needs the reference the class was checked on")
+                body["t_closeness"] = {**self.model_fields["t_closeness"],
+                                       "reference": [[v, int(n)] for v, n in reference]}
         if self.include_record_ids:
             if record_ids is None or len(record_ids) != len(members):
                 raise ValueError("include_record_ids: record_ids must give one id per member")
@@ -324,6 +345,24 @@ class PublicClass:
     sensitive: tuple[str, ...]
     counts: tuple[tuple[tuple[Any, ...], int], ...]
     members: tuple[tuple[Any, ...], ...] | None = None
+    diversity: dict[str, Any] | None = None  # {"model", "l"(, "c")} beyond distinct l
+    t_closeness: dict[str, Any] | None = None  # {"t", "distance", "reference": [[value, count], ...]}
+
+    def requirement(self) -> DiversityRequirement | None:
+        """The diversity requirement the message states (distinct ``l``, the ``diversity`` model, t-closeness);
+        None when it states none."""
+        d, t = self.diversity or {}, self.t_closeness or {}
+        if not d and not t and (self.l is None or self.l <= 1):
+            return None
+        model = d.get("model", "distinct")
+        return DiversityRequirement(model=model, l=d.get("l", self.l if model == "distinct" else None), c=d.get("c"),
+                                    t=t.get("t"), distance=t.get("distance", "equal"))
+
+    def reference(self) -> dict[Any, int] | None:
+        """The t-closeness reference the message carries (value -> count), or None."""
+        if not self.t_closeness:
+            return None
+        return {v: int(n) for v, n in self.t_closeness["reference"]}
 
     @property
     def n_records(self) -> int:
@@ -394,9 +433,33 @@ def decode_class_message(value: bytes | None) -> PublicClass:
         members = tuple(tuple(m) for m in ms)
     loss = _need(body, "loss", (int, float), nullable=True)
     cid = _need(body, "class", str)
+    diversity = t_closeness = None
+    if "diversity" in body:
+        diversity = _need(body, "diversity", dict)
+        if diversity.get("model") not in MODELS or not _is_number(diversity.get("l")) or \
+                ("c" in diversity and not _is_number(diversity["c"])) or set(diversity) - {"model", "l", "c"}:
+            raise ReleaseFormatError(f"field 'diversity': expected {{\"model\": one of {list(MODELS)}, \"l\": number"
+                                     f"(, \"c\": number)}}, got {diversity!r}"[:300])
+    if "t_closeness" in body:
+        t_closeness = _need(body, "t_closeness", dict)
+        ref = t_closeness.get("reference")
+        if not _is_number(t_closeness.get("t")) or t_closeness.get("distance") not in DISTANCES[1:] or \
+                not isinstance(ref, list) or not ref or not all(
+                    isinstance(r, list) and len(r) == 2 and _is_count(r[1]) for r in ref):
+            raise ReleaseFormatError("field 't_closeness': expected {\"t\": number, \"distance\": equal|ordered, "
+                                     "\"reference\": [[value, count >= 1], ...]}")
     return PublicClass(class_id=cid, qi=dict(qi), k=_need(body, "k", int), l=_need(body, "l", int, nullable=True),
                        size=_need(body, "size", int), loss=None if loss is None else float(loss),
-                       sensitive=tuple(sens), counts=tuple(counts), members=members)
+                       sensitive=tuple(sens), counts=tuple(counts), members=members, diversity=diversity,
+                       t_closeness=t_closeness)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 # ---------------------------------------------------------------------------------------------- suppressed

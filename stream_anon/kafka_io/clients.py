@@ -120,20 +120,33 @@ def _partition_counts(admin: KafkaAdminClient, topics: Sequence[str]) -> dict[st
     return out
 
 
+def no_auto_create(client: Any) -> Any:
+    """Stop a kafka-python client's metadata requests from creating topics: kafka-python 3.0 keeps its
+    ``allow_auto_create_topics`` option but never hands it to the metadata object (docs/tansu.md), so a topic that
+    is gone (deleted, or a broker that lost its data) would come back empty with the broker's default partition
+    count, and the service would write into it before the broker guard sees the change (issue 17).  Returns
+    ``client``."""
+    for cluster in (getattr(client, "_metadata", None), getattr(client, "_cluster", None),
+                    getattr(getattr(client, "_client", None), "cluster", None)):
+        if cluster is not None and isinstance(getattr(cluster, "config", None), dict):
+            cluster.config["allow_auto_create_topics"] = False
+    return client
+
+
 def make_consumer(k: KafkaSettings, *, group_id: str | None) -> KafkaConsumer:
     """A consumer of group ``group_id`` (None: no group) that never commits by itself and starts at the earliest
     offset when the group has none."""
     extra: dict[str, Any] = {}
     if k.group_instance_id and group_id is not None:
         extra["group_instance_id"] = k.group_instance_id
-    return KafkaConsumer(**extra,
+    return no_auto_create(KafkaConsumer(**extra,
         **client_options(k), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
         session_timeout_ms=k.session_timeout_ms,
         heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),
         max_poll_interval_ms=k.max_poll_interval_ms, max_poll_records=k.max_poll_records,
         fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
         fetch_max_wait_ms=k.fetch_max_wait_ms,
-    )
+    ))
 
 
 

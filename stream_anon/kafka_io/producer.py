@@ -41,7 +41,7 @@ import kafka.errors as kafka_errors
 from kafka import KafkaProducer
 
 from stream_anon.formats.messages import Delivery, OutputMessage
-from stream_anon.kafka_io.clients import backoff_delays, client_options, retry
+from stream_anon.kafka_io.clients import backoff_delays, client_options, no_auto_create, retry
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     MessageRejectedError,
@@ -290,6 +290,7 @@ def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
         "socket.connection.setup.timeout.ms": max(1000, k.connect_timeout_ms),
         "queue.buffering.max.messages": 1_000_000,
         "security.protocol": k.security_protocol.lower(),
+        "allow.auto.create.topics": False,  # a topic that is gone stays gone until the broker guard sees it
     }
     if not k.enable_idempotence:
         conf["max.in.flight.requests.per.connection"] = 1  # keep each partition's order across retries
@@ -326,7 +327,7 @@ class KafkaPythonTransport:
                                     max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
         if k.compression_type:
             opts["compression_type"] = k.compression_type
-        self.producer = KafkaProducer(**client_options(k), **opts)
+        self.producer = no_auto_create(KafkaProducer(**client_options(k), **opts))
 
     def partition_count(self, topic: str) -> int:
         parts = self.producer.partitions_for(topic)

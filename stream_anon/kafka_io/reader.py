@@ -12,7 +12,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
-from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.clients import client_options, no_auto_create
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ class PartitionReader:
     def __init__(self, kafka: KafkaSettings) -> None:
         self.kafka = kafka
         self.request_timeout_s = kafka.request_timeout_ms / 1000.0
-        self.consumer = KafkaConsumer(**client_options(kafka), group_id=None, enable_auto_commit=False,
-                                      auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
-                                      fetch_max_wait_ms=20)
+        self.consumer = no_auto_create(KafkaConsumer(
+            **client_options(kafka), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            max_partition_fetch_bytes=4 * 1048576, fetch_max_wait_ms=20))
 
     def close(self) -> None:
         self.consumer.close()

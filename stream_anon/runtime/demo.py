@@ -45,7 +45,7 @@ from stream_anon.core.datasets import (
 )
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
-from stream_anon.core.verify import ReleaseRoles, verify_release_frame, write_release_meta
+from stream_anon.core.verify import ReleaseRoles, diversity_meta, verify_release_frame, write_release_meta
 from stream_anon.kafka_io.broker import EmbeddedBroker
 from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -273,13 +273,17 @@ def _summarize(cfg: Config, schema: Schema, bs: str, n: int, source: str, origin
     table.to_csv(out_dir / "released.csv", index=False)
     roles = ReleaseRoles(class_id="class_id", quasi_identifiers=tuple(qis), sensitive=tuple(sens),
                          source="stream-anon demo", withheld_person_id=schema.person_id)
+    req = a.requirement(schema)
     write_release_meta(out_dir / "released.csv", roles, schema=schema.name, k=a.k, l=a.l, records=len(table),
+                       **diversity_meta(req, {c: tuple(r.items()) for c, r in snap.references.items()}),
                        classes=snap.classes, class_size_counts="records", row_order="release order of the classes; "
                        "rows of a class by sensitive value", class_ids="opaque random 128-bit ids (the anon topic's)")
     n_supp = rep_acc.outcomes.get("suppressed", 0)
     members = released[["record_id", "class_id", *qis]].astype({"record_id": str})  # internal: ids from the ledger
     loss = summarize_release_frame(members, schema, a.k, records_suppressed=n_supp)
-    rep = verify_release_frame(table, qis, a.k, a.l, sens[0] if sens else None, record_id=None, schema=schema)
+    rep = verify_release_frame(table, qis, a.k, None, sens[0] if sens else None, record_id=None, schema=schema,
+                               requirement=req, references=snap.references if req is not None and req.t is not None
+                               else None)
     violations = list(rep.violations)
     coverage = None
     if original is not None and len(released):  # each member's original values, joined through the ledger's ids

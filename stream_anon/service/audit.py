@@ -122,6 +122,7 @@ class OutputSnapshot:
     suppressed_reasons: dict[str, int] = field(default_factory=dict)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)  # decoded dlq messages
     problems: list[str] = field(default_factory=list)  # unreadable anon messages, classes not on the ledger
+    references: dict[str, dict[Any, int]] = field(default_factory=dict)  # class id -> its t-closeness reference
 
     @property
     def ok(self) -> bool:
@@ -165,6 +166,9 @@ def collect_outputs(bootstrap_servers: str, *, input_topic: str, anon: str, supp
         classes[pc.class_id] = pc
         published_ms[pc.class_id] = m.timestamp
         public_rows.extend(pc.rows())
+        ref = pc.reference()
+        if ref is not None:
+            snap.references[pc.class_id] = ref
     snap.classes = len(classes)
     for m in read["dlq"]:
         try:

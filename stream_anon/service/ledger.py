@@ -451,20 +451,27 @@ class EntryFactory:
         members' source offsets, INPUT record ids and original records.  With a gate, the published ``size`` is
         the gate's own count of distinct individuals.  ``timing``: internal per-record timing (same order)."""
         verdict = None
+        reference = None
         if self.gate is not None:
             verdict = self.gate.check(generalized, members, record_ids)
             if not verdict.ok:
                 return self.suppressed(offsets=offsets, record_ids=record_ids, reason="gate", horizon=horizon,
                                        detail=verdict.describe(), timing=timing), verdict
             size = verdict.individuals
+            reference = verdict.reference
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
         msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
-                                  record_ids=record_ids)
+                                  record_ids=record_ids, reference=reference)
         assert msg.key is not None
         return LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
                            horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
                            outputs=(msg,), incarnation=self.incarnation,
                            **_ordered_timing(timing, order)), verdict
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        """A record about to be pushed to the engine: the gate's running reference (t-closeness) counts it."""
+        if self.gate is not None:
+            self.gate.observe(record)
 
     def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
                    detail: str | None = None, timing: Timing | None = None) -> LedgerEntry:

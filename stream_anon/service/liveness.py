@@ -28,7 +28,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
-from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.clients import client_options, no_auto_create
 from stream_anon.metrics.definitions import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,8 @@ class LagMonitor:
             k = self.cfg.kafka
             opts = {**client_options(self.cfg.kafka), "request_timeout_ms": min(k.request_timeout_ms,
                                                                            MONITOR_REQUEST_TIMEOUT_MS)}
-            self._consumer = KafkaConsumer(**opts, group_id=k.group_id, enable_auto_commit=False,
-                                           max_partition_fetch_bytes=1024, fetch_max_wait_ms=100)
+            self._consumer = no_auto_create(KafkaConsumer(**opts, group_id=k.group_id, enable_auto_commit=False,
+                                                          max_partition_fetch_bytes=1024, fetch_max_wait_ms=100))
             self._assigned = set()
         return self._consumer
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
+from stream_anon.core.schema import Schema
 from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
 from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
@@ -63,6 +64,7 @@ class LoopOwner(Protocol):
     the state that outlives one run and what callers watch."""
 
     cfg: Config
+    schema: Schema
     metrics: ServiceMetrics
     table: PartitionTable
     totals: MainPathTotals
@@ -113,10 +115,12 @@ class MainLoop:
         self.lag.start()  # (first: the stop path stops it whatever happens next)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
-        log.info("main path: consuming %s as group %r (k=%d, l=%s, delta=%d, beta=%d) -> %s (%s), %s, %s; ledger %s",
-                 cfg.topics.input, cfg.kafka.group_id, a.k, a.l, a.delta, a.beta, cfg.topics.anon,
-                 f"classes released every {cfg.release.tick_seconds:g} s" if self.ticks.enabled
-                 else "classes released at once", cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
+        req = a.requirement(self.main.schema)
+        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s (%s), %s, %s; ledger %s",
+                 cfg.topics.input, cfg.kafka.group_id, a.k, req.describe() if req is not None else "no diversity",
+                 a.delta, a.beta, cfg.topics.anon, f"classes released every {cfg.release.tick_seconds:g} s"
+                 if self.ticks.enabled else "classes released at once", cfg.topics.suppressed, cfg.topics.dlq,
+                 self.clients.topics.ledger)
         self.main.ready.set()
         self._run_recovering()
 
@@ -340,8 +344,16 @@ class MainLoop:
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
-        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing)."""
-        return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0)
+        (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing).  Each failed attempt also asks
+        the broker guard: a topic that is gone or was recreated raises :class:`BrokerDataLossError` (exit 4)
+        instead of retrying a read of it forever (topics are never auto-created by the service's clients)."""
+        guard = self.health.guard
+
+        def check_topics() -> None:
+            guard.check_topics()  # raises on a gone or recreated topic; an unanswered request is the retry's
+
+        return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0,
+                     on_retry=check_topics)
 
     # ------------------------------------------------------------------ rebalances
     def _on_assigned(self, partitions: set[int]) -> None:

@@ -321,8 +321,10 @@ class PartitionPipeline:
             except Exception:  # fall back to one push per record: the record the engine refuses is dead-lettered
                 rows = None
         push, push_encoded = engine.push, engine.push_encoded
+        observe = self.entries.observe
         for i, (m, rec) in enumerate(run):
             try:
+                observe(rec)  # the gate's own running reference (t-closeness) sees what the engine sees
                 releases = push(rec, now) if rows is None else push_encoded(rec, rows[i], now)
             except Exception as e:  # the engine refused or failed on the record: account for it, go on
                 del self._buffered[m.offset]

@@ -38,7 +38,8 @@ def make_engine_factory(cfg: Config, schema: Schema) -> Callable[[int], EngineLi
 def pipeline_settings(cfg: Config) -> PipelineSettings:
     """Input topic and limits of the pure per-partition pipeline."""
     a = cfg.anonymization
-    return PipelineSettings(input_topic=cfg.topics.input, k=a.k, delta=a.delta, l=a.l,
+    return PipelineSettings(input_topic=cfg.topics.input, k=a.k, delta=a.delta,
+                            l=a.l if isinstance(a.l, int) and a.diversity == "distinct" else None,
                             max_message_bytes=cfg.service.max_message_bytes,
                             max_delay=max(a.delta, a.delta_leftover or 0))
 
@@ -55,14 +56,17 @@ def make_entry_factory(cfg: Config, schema: Schema) -> Callable[[int, str], Entr
     a = cfg.anonymization
     qis = [x.name for x in schema.qis]
     sensitive = [x.name for x in schema.sensitive]
+    req = a.requirement(schema)  # the diversity requirement (None: k only), stated in the class messages
+    l_stated = req.min_distinct if req is not None and req.l_active else None
+    every = a.engine_config(seed=None).effective_t_reference_every
 
     def factory(partition: int, incarnation: str) -> EntryFactory:
         return EntryFactory(input_topic=cfg.topics.input, partition=partition, incarnation=incarnation,
-                            classes=ClassEncoder(qis=qis, sensitive=sensitive, k=a.k, l=a.l,
-                                                 include_record_ids=opts.include_record_ids),
+                            classes=ClassEncoder(qis=qis, sensitive=sensitive, k=a.k, l=l_stated,
+                                                 include_record_ids=opts.include_record_ids, requirement=req),
                             secret=secret, dlq_payload=opts.dlq_payload,
                             dlq_max_payload_bytes=opts.dlq_max_payload_bytes,
-                            gate=PrePublishGate(schema, k=a.k, l=a.l))
+                            gate=PrePublishGate(schema, k=a.k, requirement=req, reference_every=every))
 
     return factory
 

@@ -15,8 +15,10 @@ output_cluster: split when the cluster holds >= 2k individuals (:mod:`.split`); 
 most recent released clusters; a released cluster with loss < tau joins Omega (bounded by zeta / max_age).
 
 The optional policies act at hooks of this loop (:mod:`.policies`, :mod:`.leftover`): the UBDSA-style policy,
-the wall-clock bound, the leftover cluster and the adaptive delay; l-diversity is a condition of
-:class:`~.tally.Tally` and split_l.
+the wall-clock bound, the leftover cluster and the adaptive delay.  A diversity requirement (l-diversity of
+any model, t-closeness: :class:`~stream_anon.core.diversity.DiversityRequirement`) is a condition on the
+sensitive-value counts of a cluster (:mod:`.sensitive`): of releasability, of Gamma as a whole in
+delay_constraint, of each part of a split, of a reuse, and a preference in merge_clusters.
 """
 
 from __future__ import annotations
@@ -28,31 +30,42 @@ from typing import Any
 
 import numpy as np
 
+from stream_anon.core.diversity import DiversityParameterError, DiversityRequirement
 from stream_anon.core.engine.clusters import ClusterStore, OmegaStore, QIEncoder
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.engine.leftover import LeftoverCluster
 from stream_anon.core.engine.policies import AdaptiveDelay, Policy, WallClockBound
 from stream_anon.core.engine.release import Release
+from stream_anon.core.engine.sensitive import SensitiveCodes, resize
 from stream_anon.core.engine.split import BlockDraws, Splitter
 from stream_anon.core.engine.tally import Tally
-from stream_anon.core.schema import Schema
+from stream_anon.core.schema import Kind, Schema
 
 _FREE = -1  # slot_cluster of a ring slot that holds no buffered record
 _LEFTOVER = -2  # slot_cluster of a record waiting in the leftover cluster
 
 
-def _required_l(schema: Schema, config: EngineConfig) -> int | None:
-    """The l of l-diversity (None when l <= 1), checked against the schema's sensitive attribute."""
-    if config.l is None or config.l <= 1:
+def diversity_requirement(schema: Schema, config: EngineConfig) -> DiversityRequirement | None:
+    """The diversity requirement of ``config`` on the schema's (first) sensitive attribute, None when nothing is
+    required (``l`` unset or <= 1 and no ``t_closeness``); checked against the attribute's domain."""
+    wants_l = config.l is not None and config.l > 1
+    if not wants_l and config.t_closeness is None:
         return None
+    param = "l" if wants_l else "t_closeness"
     if not schema.sensitive:
-        raise EngineConfigError("l", "used only with a sensitive attribute in the schema", config.l)
+        raise EngineConfigError(param, "used only with a sensitive attribute in the schema", getattr(config, param))
     sensitive = schema.sensitive[0]
+    try:
+        distance = DiversityRequirement.resolve_distance(config.t_distance, sensitive.kind is Kind.NUMERIC)
+        req = DiversityRequirement(model=config.diversity, l=config.l if wants_l else None, c=config.c,
+                                   t=config.t_closeness, distance=distance)
+    except DiversityParameterError as e:
+        raise EngineConfigError(e.parameter, e.allowed, e.value) from None
     dom = sensitive.domain_values
-    if dom and config.l > len(dom):
-        raise EngineConfigError("l", f"an integer in [1, {len(dom)}] (distinct values of {sensitive.name!r})",
-                                config.l)
-    return config.l
+    if wants_l and dom and req.min_distinct > len(dom):
+        what = "a number" if req.model == "entropy" else "an integer"
+        raise EngineConfigError("l", f"{what} in [1, {len(dom)}] (distinct values of {sensitive.name!r})", config.l)
+    return req
 
 
 class _Work:
@@ -83,8 +96,8 @@ class Engine:
         self.class_id_prefix = class_id_prefix
         self.k = config.k
         self.sensitive: str | None = schema.sensitive[0].name if schema.sensitive else None
-        self.l = _required_l(schema, config)  # None: no l-diversity
-        self.use_l = self.l is not None
+        self.diversity = diversity_requirement(schema, config)  # None: nothing required beyond k
+        self.use_l = self.diversity is not None  # sensitive values are tracked
         self.person_id = schema.person_id
         self.record_id = schema.record_id or "id"
         self.delta = config.delta
@@ -99,24 +112,38 @@ class Engine:
         self.slot_record: list[Mapping[str, Any] | None] = [None] * self.ring
         self.slot_time: list[float] = [0.0] * self.ring
         self.slot_pid: list[Any] = [None] * self.ring  # person id (with a person id in the schema)
-        self.slot_sens: list[Any] = [None] * self.ring  # sensitive value (with l-diversity)
+        self.slot_sens: list[Any] = [None] * self.ring  # sensitive value (with a diversity requirement)
+        self.slot_code: list[int] = [0] * self.ring  # its code (sensitive.SensitiveCodes)
         persons = self.person_id is not None
+        self.codes: SensitiveCodes | None = None
+        if self.diversity is not None:
+            attr = schema.sensitive[0]
+            self.codes = SensitiveCodes(self.diversity, attr.domain_values if attr.kind is Kind.CATEGORICAL else (),
+                                        every=config.effective_t_reference_every, on_grow=self._grow_codes)
+        nv = self.codes.width if self.codes is not None else 0
         # Gamma (open clusters), Omega (released clusters kept for reuse), tau
         self.gamma = ClusterStore(config.beta + 1, self.enc.width, weighted=config.loss != "lm",
-                                  persons=persons, values=self.use_l)
-        self.in_gamma = Tally(persons=persons, values=self.use_l)  # every record of Gamma
-        self.omega = OmegaStore(config.zeta, self.enc.width, config.max_age)
+                                  persons=persons, values=False, n_values=nv)
+        self.in_gamma = Tally(persons=persons, values=False)  # every record of Gamma
+        self.gamma_values = np.zeros(nv)  # sensitive-value counts of all of Gamma (with a requirement)
+        # a requirement that adding records can break: merges prefer satisfying unions, and Omega keeps each kept
+        # class's counts (a reuse must keep its class satisfying)
+        self._non_monotone = self.diversity is not None and not self.diversity.monotone
+        self.omega = OmegaStore(config.zeta, self.enc.width, config.max_age,
+                                n_values=nv if self._non_monotone else 0)
         self.recent_losses: deque[float] = deque(maxlen=config.mu)
         self.tau = 0.0
         self.tau_sum = 0.0  # tau * J (losses are summed over QIs internally)
         self._recent_sum = 0.0  # running sum of recent_losses
         self.draws = BlockDraws(self.rng)
-        self.splitter = Splitter(self.enc, self.V, k=self.k, l=self.l, persons=persons,
-                                 person_of=self.slot_pid, value_of=self.slot_sens, draws=self.draws)
+        self.splitter = Splitter(self.enc, self.V, k=self.k, persons=persons, person_of=self.slot_pid,
+                                 value_of=self.slot_sens, draws=self.draws, codes=self.codes,
+                                 code_of=self.slot_code)
         # optional policies (policies.py, leftover.py)
         self.wall_clock = (WallClockBound(config.max_delay_seconds, self._expire_waiting_since)
                            if config.max_delay_seconds is not None else None)
-        self.leftover = (LeftoverCluster(k=self.k, l=self.l, delta_leftover=config.effective_delta_leftover,
+        self.leftover = (LeftoverCluster(k=self.k, codes=self.codes,
+                                         delta_leftover=config.effective_delta_leftover,
                                          persons=persons, split=self.splitter.split,
                                          release=self._release_leftover_class,
                                          reuse_or_suppress=self._reuse_or_suppress_leftover)
@@ -190,7 +217,14 @@ class Engine:
         if self.person_id is not None:
             self.slot_pid[s] = record[self.person_id]
         if self.use_l:
-            self.slot_sens[s] = record[self.sensitive]  # type: ignore[index]
+            value = record[self.sensitive]  # type: ignore[index]
+            codes = self.codes
+            assert codes is not None
+            code = codes.code(value)
+            self.slot_sens[s] = value
+            self.slot_code[s] = code
+            if codes.t:
+                codes.arrive(code)
         self.n_buffered = nb = self.n_buffered + 1
         if nb > self.max_buffered:
             self.max_buffered = nb
@@ -318,11 +352,15 @@ class Engine:
         g = self.gamma
         g.members[c].append(s)
         self.slot_cluster[s] = c
-        person, value = self.slot_pid[s], self.slot_sens[s]
+        person = self.slot_pid[s]
         tally = g.tally[c]
-        tally.add(person, value)
+        tally.add(person, None)
         g.size[c] = tally.individuals
-        self.in_gamma.add(person, value)
+        self.in_gamma.add(person, None)
+        if self.use_l:
+            code = self.slot_code[s]
+            g.counts[c, code] += 1
+            self.gamma_values[code] += 1
         g.set_weights(c)
         if self._age_weight > 0.0:  # UBDSA-style age pressure
             self._set_age_coef(c)
@@ -343,11 +381,17 @@ class Engine:
         self._age_coef[c] = self.policy.age_coefficient(self.j, self.delta_eff) if below_k else 0.0
 
     def _releasable(self, c: int) -> bool:
-        """Cluster c has >= k distinct individuals (and >= l distinct sensitive values)."""
+        """Cluster c has >= k distinct individuals and satisfies the diversity requirement."""
         g = self.gamma
         if g.size[c] < self.k:
             return False
-        return self.l is None or g.tally[c].values >= self.l
+        return self.codes is None or self.codes.ok(g.counts[c])
+
+    def _gamma_meets(self) -> bool:
+        """All of Gamma together has >= k individuals and satisfies the requirement (else merging cannot help)."""
+        if self.in_gamma.individuals < self.k:
+            return False
+        return self.codes is None or self.codes.ok(self.gamma_values)
 
     # ================================================================== delay_constraint
     def _delay_constraint(self, s: int) -> None:
@@ -361,7 +405,17 @@ class Engine:
             return
         own = g.size[c]
         m = sum(1 for x in g.size if x > own)  # free slots have size 0
-        if m > g.n_active / 2 or not self.in_gamma.meets(self.k, self.l):
+        if self._non_monotone:  # merging all of Gamma is neither needed nor enough: plan the merges first
+            plan = None if m > g.n_active / 2 else self._plan_merges(c)
+            if plan is None:
+                self._detach(s)
+                self._dispose(s)
+                return
+            for d in plan:
+                self._absorb(c, d)
+            self._output_cluster(c)
+            return
+        if m > g.n_active / 2 or not self._gamma_meets():
             self._detach(s)
             self._dispose(s)
             return
@@ -374,19 +428,27 @@ class Engine:
         if om.count == 0:
             return False
         cover = om.covering(self.V[s], self.p)
+        if len(cover) and self._non_monotone:  # only kept classes that still satisfy the model with t in them
+            codes = self.codes
+            assert codes is not None and om.counts is not None and om.refs is not None
+            rows = om.counts[cover]
+            rows[:, self.slot_code[s]] += 1
+            cover = cover[codes.ok_rows(rows, om.refs[cover] if codes.t else None)]
         if len(cover) == 0:
             return False
         i = int(cover[0]) if len(cover) == 1 else int(cover[self.draws.below(len(cover))])
         meta = om.meta[i]
         assert meta is not None
         class_id, generalized, loss, size = meta
+        if om.counts is not None:
+            om.counts[i, self.slot_code[s]] += 1
         if not leftover:
             self._detach(s)
         self._out.append(Release(
             class_id=class_id, kind="class", generalized=dict(generalized),
             record_ids=(self._rid(s),), records=(self.slot_record[s],),  # type: ignore[arg-type]
             delays=(self.p - self.slot_pos[s],), delays_seconds=(self._now - self.slot_time[s],),
-            loss=loss, size=size, reused=True, leftover=leftover))
+            loss=loss, size=size, reused=True, leftover=leftover, reference=om.ref_pairs[i]))
         self.records_released += 1
         self._free_slot(s)
         return True
@@ -397,11 +459,15 @@ class Engine:
         c = self.slot_cluster[s]
         g.members[c].remove(s)
         self.slot_cluster[s] = _FREE
-        person, value = self.slot_pid[s], self.slot_sens[s]
+        person = self.slot_pid[s]
         tally = g.tally[c]
-        tally.remove(person, value)
+        tally.remove(person, None)
         g.size[c] = tally.individuals
-        self.in_gamma.remove(person, value)
+        self.in_gamma.remove(person, None)
+        if self.use_l:
+            code = self.slot_code[s]
+            g.counts[c, code] -= 1
+            self.gamma_values[code] -= 1
         if not g.members[c]:
             g.release(c)
             return
@@ -417,7 +483,7 @@ class Engine:
         """A record CASTLE suppresses: suppressed, or (leftover policy) handed to the leftover cluster."""
         if self.leftover is not None:
             self.slot_cluster[s] = _LEFTOVER
-            self.leftover.take(s, self.slot_pid[s], self.slot_sens[s], self.p)
+            self.leftover.take(s, self.slot_pid[s], self.slot_code[s], self.p)
         else:
             self._suppress(s, leftover=False)
 
@@ -446,7 +512,9 @@ class Engine:
         """merge_clusters: absorb the open cluster of minimum enlargement until c is releasable.
 
         Enlargement of C by C': size-weighted form (|C| + |C'|) L(C u C') - |C| L(C) - |C'| L(C'), CASTLE's form
-        L(C u C') - L(C); the union boxes of C with every open cluster are one ``minimum``.
+        L(C u C') - L(C); the union boxes of C with every open cluster are one ``minimum``.  (Used without a
+        requirement or with distinct l-diversity, where all of Gamma satisfying it is what makes the loop end;
+        other requirements go through :meth:`_plan_merges`.)
         """
         g = self.gamma
         enc = self.enc
@@ -462,17 +530,79 @@ class Engine:
             d = int(e.argmin())
             if not np.isfinite(e[d]):  # cannot happen: delay_constraint checked Gamma holds enough
                 raise RuntimeError("merge_clusters: no cluster left to merge")
-            g.box[c] = u[d]
-            g.lsum[c] = ls[d]
-            for sd in g.members[d]:
-                self.slot_cluster[sd] = c
-            g.members[c].extend(g.members[d])
-            g.oldest[c] = min(int(g.oldest[c]), int(g.oldest[d]))
-            g.tally[c].add_all(g.tally[d])
-            g.size[c] = g.tally[c].individuals
-            g.release(d)
-            g.set_weights(c)
+            self._absorb(c, d, u[d], float(ls[d]))
         return c
+
+    def _absorb(self, c: int, d: int, box: np.ndarray | None = None, lsum: float | None = None) -> None:
+        """Open cluster d joins open cluster c (``box``/``lsum``: their union's, computed when not given)."""
+        g = self.gamma
+        if box is None:
+            box = np.minimum(g.box[c], g.box[d])
+            lsum = float(self.enc.score_rows(box))
+        g.box[c] = box
+        g.lsum[c] = lsum
+        for sd in g.members[d]:
+            self.slot_cluster[sd] = c
+        g.members[c].extend(g.members[d])
+        g.oldest[c] = min(int(g.oldest[c]), int(g.oldest[d]))
+        g.tally[c].add_all(g.tally[d])
+        g.size[c] = g.tally[c].individuals
+        if self.use_l:
+            g.counts[c] += g.counts[d]
+        g.release(d)
+        g.set_weights(c)
+
+    def _plan_merges(self, c: int) -> list[int] | None:
+        """merge_clusters under a requirement that more records can break (entropy, recursive, t-closeness):
+        the clusters C would absorb, in order, to become releasable, or None when absorbing all of Gamma one by
+        one never makes it releasable (then t is suppressed, as CASTLE does when Gamma cannot make k).
+
+        Simulated on copies (nothing changes until the plan is applied): each step takes, among the clusters
+        whose union with C satisfies the requirement (all unions checked at once), the one of minimum
+        enlargement; if none does, the one of minimum enlargement (as CASTLE).  A subset of Gamma can satisfy
+        the requirement when all of Gamma does not, and the other way round, so "all of Gamma satisfies it" (the
+        test for k and distinct l) is neither needed nor enough here.
+        """
+        g = self.gamma
+        enc = self.enc
+        codes = self.codes
+        assert codes is not None
+        box = g.box[c].copy()
+        lsum = float(g.lsum[c])
+        n = g.tally[c].records
+        counts = g.counts[c].copy()
+        by_person = g.tally[c].by_person
+        persons = set(by_person) if by_person is not None else None
+        size = g.size[c]
+        avail = g.active.copy()
+        avail[c] = False
+        plan: list[int] = []
+        while not (size >= self.k and codes.ok(counts)):
+            if not avail.any():
+                return None
+            u = np.minimum(g.box, box)
+            ls = enc.score_rows(u)
+            if g.weighted:
+                e = (g.wnew + (n - 1)) * ls - g.base - n * lsum
+            else:
+                e = ls - lsum
+            e[~avail] = np.inf
+            ok = codes.ok_rows(g.counts + counts) & avail
+            if ok.any():
+                e[~ok] = np.inf
+            d = int(e.argmin())
+            plan.append(d)
+            avail[d] = False
+            box = u[d]
+            lsum = float(ls[d])
+            n += g.tally[d].records
+            counts += g.counts[d]
+            if persons is not None:
+                persons.update(g.tally[d].by_person or ())
+                size = len(persons)
+            else:
+                size = n
+        return plan
 
     # ================================================================== output_cluster
     def _output_cluster(self, c: int) -> None:
@@ -481,13 +611,21 @@ class Engine:
         members = g.members[c]
         groups = self.splitter.split(members) if g.size[c] >= 2 * self.k else [members]
         self.in_gamma.remove_all(g.tally[c])
+        if self.use_l:
+            self.gamma_values -= g.counts[c]
         g.release(c)
         for grp in groups:
             rel, box, nodes, score = self._release_class(grp, leftover=False)
             self._update_tau(score)
             if score < self.tau_sum:
+                counts = ref = None
+                if self._non_monotone and self.codes is not None:
+                    counts = np.bincount(np.fromiter((self.slot_code[x] for x in grp), dtype=np.intp, count=len(grp)),
+                                         minlength=self.codes.width).astype(np.float64)
+                    ref = self.codes.reference()
                 self.omega.add(self.enc.cover_of(box, nodes), self.p,
-                               (rel.class_id, dict(rel.generalized), rel.loss, rel.size))
+                               (rel.class_id, dict(rel.generalized), rel.loss, rel.size),
+                               counts=counts, ref=ref, ref_pairs=rel.reference)
             if self.adaptive is not None:
                 self.delta_eff = self.adaptive.after_release(tuple(rel.generalized.values()))
 
@@ -526,7 +664,8 @@ class Engine:
             records=records,  # type: ignore[arg-type]
             delays=tuple(p - sp[s] for s in grp),
             delays_seconds=tuple(now - st[s] for s in grp),
-            loss=loss, size=size, reused=False, leftover=leftover)
+            loss=loss, size=size, reused=False, leftover=leftover,
+            reference=self.codes.reference_pairs() if self.codes is not None else None)
         self._out.append(rel)
         n = len(grp)
         self.records_released += n
@@ -535,6 +674,18 @@ class Engine:
             sc[s] = _FREE
             sr[s] = None
         return rel, box, nodes, score
+
+    # ================================================================== sensitive-value codes
+    def _grow_codes(self, width: int) -> None:
+        """A new sensitive value outgrew the count rows: widen every count array of the engine."""
+        g = self.gamma
+        g.counts = resize(g.counts, width)
+        self.gamma_values = resize(self.gamma_values, width)
+        if self.omega.counts is not None:
+            self.omega.counts = resize(self.omega.counts, width)
+            self.omega.refs = resize(self.omega.refs, width)  # type: ignore[arg-type]
+        if self.leftover is not None and self.leftover.counts is not None:
+            self.leftover.counts = resize(self.leftover.counts, width)
 
     # ================================================================== leftover actions
     def _release_leftover_class(self, grp: list[int]) -> None:

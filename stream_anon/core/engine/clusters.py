@@ -185,10 +185,13 @@ class ClusterStore:
     ``size`` (distinct individuals, ``tally[c].individuals`` kept as a plain list for the outlier rule),
     ``oldest`` (earliest arrival position), ``members`` (ring slots).  ``wnew`` and ``base`` make the enlargement one expression, ``E = wnew * L(C + t) - base``:
     size-weighted form (GT, CAIL): ``wnew = n + 1, base = n * L(C)``; CASTLE's form (LM): ``wnew = 1,
-    base = L(C)``.  Free slots have ``base = -inf`` so their E is +inf.
+    base = L(C)``.  Free slots have ``base = -inf`` so their E is +inf.  With a diversity requirement
+    (``n_values`` > 0), ``counts`` holds each cluster's sensitive-value counts, one row per cluster over the
+    value codes (:mod:`stream_anon.core.engine.sensitive`), so a requirement is checked for all clusters at once.
     """
 
-    def __init__(self, capacity: int, width: int, weighted: bool, *, persons: bool, values: bool):
+    def __init__(self, capacity: int, width: int, weighted: bool, *, persons: bool, values: bool,
+                 n_values: int = 0):
         self.capacity = capacity
         self.weighted = weighted
         self.box = np.full((capacity, width), np.inf)
@@ -202,6 +205,7 @@ class ClusterStore:
         self.members: list[list[int]] = [[] for _ in range(capacity)]
         self.free: list[int] = list(range(capacity - 1, -1, -1))
         self.n_active = 0
+        self.counts = np.zeros((capacity, n_values))
 
     def set_weights(self, c: int) -> None:
         n = self.tally[c].records
@@ -227,6 +231,7 @@ class ClusterStore:
         self.size[c] = 0
         self.lsum[c] = 0.0
         self.members[c] = []
+        self.counts[c] = 0.0
         self.free.append(c)
         self.n_active -= 1
 
@@ -234,9 +239,14 @@ class ClusterStore:
 class OmegaStore:
     """Omega: released clusters kept for reuse, bounded to the ``zeta`` most recent (a ring) and, optionally,
     to those released at most ``max_age`` arrivals ago.  A record is covered by kept cluster i iff
-    ``cover[i] <= v`` elementwise (free entries are +inf): one comparison for all kept clusters."""
+    ``cover[i] <= v`` elementwise (free entries are +inf): one comparison for all kept clusters.
 
-    def __init__(self, zeta: int, width: int, max_age: int | None):
+    With ``n_values`` > 0 (a diversity requirement that more records can break) each entry also keeps its class's
+    sensitive-value ``counts`` (raised by every reuse), the reference it was checked against (``refs``, code
+    rows) and that reference as released (``ref_pairs``), so a reuse is allowed only if the class still
+    satisfies the requirement with the record in it."""
+
+    def __init__(self, zeta: int, width: int, max_age: int | None, *, n_values: int = 0):
         self.zeta = zeta
         self.max_age = max_age
         cap = max(zeta, 1)
@@ -245,8 +255,13 @@ class OmegaStore:
         self.meta: list[tuple[str, dict[str, str], float, int] | None] = [None] * cap
         self.next = 0
         self.count = 0
+        self.counts: np.ndarray | None = np.zeros((cap, n_values)) if n_values else None
+        self.refs: np.ndarray | None = np.zeros((cap, n_values)) if n_values else None
+        self.ref_pairs: list[tuple[tuple[Any, int], ...] | None] = [None] * cap
 
-    def add(self, cover: np.ndarray, pos: int, meta: tuple[str, dict[str, str], float, int]) -> None:
+    def add(self, cover: np.ndarray, pos: int, meta: tuple[str, dict[str, str], float, int], *,
+            counts: np.ndarray | None = None, ref: np.ndarray | None = None,
+            ref_pairs: tuple[tuple[Any, int], ...] | None = None) -> None:
         if self.zeta == 0:
             return
         i = self.next
@@ -255,6 +270,11 @@ class OmegaStore:
         self.cover[i] = cover
         self.pos[i] = pos
         self.meta[i] = meta
+        self.ref_pairs[i] = ref_pairs
+        if self.counts is not None and counts is not None:
+            self.counts[i] = counts
+            if self.refs is not None and ref is not None:
+                self.refs[i] = ref
         self.next = (i + 1) % self.zeta
 
     def covering(self, v: np.ndarray, now_pos: int) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from stream_anon.core.diversity import DISTANCES, DiversityParameterError, DiversityRequirement
 from stream_anon.core.validation import require_bool, require_choice, require_float, require_int
 
 ALGORITHMS = ("castle", "ubdsa")
@@ -47,7 +48,17 @@ class EngineConfig:
         loss: loss that scores cluster choice: ``gt`` (Goldberger-Tassa), ``lm`` (CASTLE/Iyengar), ``ubdsa`` (CAIL).
         leftover: ``suppress`` (CASTLE) or ``leftover`` (ADULT stream paper: an independent leftover cluster).
         delta_leftover: how many further arrivals a leftover record may wait (default: delta).
-        l: optional l-diversity: every released class holds >= l distinct sensitive values.
+        l: optional l-diversity of the schema's sensitive attribute, in the model ``diversity`` (None or <= 1:
+            none); an integer, or any number >= 1 with ``diversity="entropy"``.
+        diversity: the l-diversity model: ``distinct`` (>= l distinct values, CASTLE's extension), ``entropy``
+            (entropy >= log l) or ``recursive`` (r_1 < c (r_l + ... + r_m)); :mod:`stream_anon.core.diversity`.
+        c: the c of recursive (c, l)-diversity (> 0; only with ``diversity="recursive"``).
+        t_closeness: optional t in [0, 1]: the Earth Mover's Distance between every released class's sensitive
+            distribution and the stream's running distribution is at most t.
+        t_distance: ground distance of t-closeness: ``auto`` (ordered for a numeric sensitive attribute, equal
+            for a categorical one), ``equal`` or ``ordered``.
+        t_reference_every: the running distribution is frozen in a snapshot after every this many arrivals
+            (default: delta); see :class:`~stream_anon.core.diversity.RunningReference`.
         zeta: Omega (reuse set) keeps at most the zeta most recently released clusters (0 disables reuse).
         max_age: Omega also drops clusters released more than max_age arrivals ago (None: no age limit).
         max_delay_seconds: optional wall-clock bound: a record buffered longer than this (by ``now``) is
@@ -68,7 +79,12 @@ class EngineConfig:
     loss: str = "gt"
     leftover: str = "suppress"
     delta_leftover: int | None = None
-    l: int | None = None  # noqa: E741 - the paper's name
+    l: int | float | None = None  # noqa: E741 - the paper's name
+    diversity: str = "distinct"
+    c: float | None = None
+    t_closeness: float | None = None
+    t_distance: str = "auto"
+    t_reference_every: int | None = None
     zeta: int = DEFAULT_ZETA
     max_age: int | None = None
     max_delay_seconds: float | None = None
@@ -89,8 +105,17 @@ class EngineConfig:
         require_choice("leftover", self.leftover, LEFTOVER_POLICIES, error=EngineConfigError)
         if self.delta_leftover is not None:
             set_(self, "delta_leftover", _int("delta_leftover", self.delta_leftover, 1))
-        if self.l is not None:
-            set_(self, "l", _int("l", self.l, 1))
+        try:
+            req = DiversityRequirement(model=self.diversity, l=self.l, c=self.c, t=self.t_closeness)
+        except DiversityParameterError as e:
+            raise EngineConfigError(e.parameter, e.allowed, e.value) from None
+        set_(self, "l", req.l)
+        set_(self, "c", req.c)
+        set_(self, "t_closeness", req.t)
+        if self.t_distance not in DISTANCES:
+            raise EngineConfigError("t_distance", f"one of {list(DISTANCES)}", self.t_distance)
+        if self.t_reference_every is not None:
+            set_(self, "t_reference_every", _int("t_reference_every", self.t_reference_every, 1))
         set_(self, "zeta", _int("zeta", self.zeta, 0))
         if self.max_age is not None:
             set_(self, "max_age", _int("max_age", self.max_age, 1))
@@ -110,6 +135,10 @@ class EngineConfig:
     @property
     def effective_delta_leftover(self) -> int:
         return self.delta if self.delta_leftover is None else self.delta_leftover
+
+    @property
+    def effective_t_reference_every(self) -> int:
+        return self.delta if self.t_reference_every is None else self.t_reference_every
 
     @property
     def effective_delta_min(self) -> int:

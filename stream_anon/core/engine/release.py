@@ -28,6 +28,9 @@ class Release:
         size: distinct individuals sharing the generalization (for a reuse: the reused class's size).
         reused: released under a previously released cluster's generalization.
         leftover: released (or suppressed) through the leftover cluster.
+        reference: with t-closeness, the reference distribution the class was checked against: ``(sensitive
+            value, count)`` pairs in value order (:class:`~stream_anon.core.diversity.RunningReference`); a
+            reuse carries its class's.  None without t-closeness.
     """
 
     class_id: str
@@ -41,6 +44,7 @@ class Release:
     size: int
     reused: bool = False
     leftover: bool = False
+    reference: tuple[tuple[Any, int], ...] | None = None
 
     @property
     def n_records(self) -> int:

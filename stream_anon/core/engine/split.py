@@ -1,6 +1,9 @@
 """CASTLE's split of a large cluster into classes of >= k individuals (docs/castle.md, "Split").
 
-``split`` (KNN) for k-anonymity, ``split_l`` for the l-diversity extension. Records are grouped into *units*,
+``split`` (KNN) for k-anonymity, ``split_l`` under a diversity requirement (l-diversity of any model,
+t-closeness: its stratified groups keep each part's sensitive distribution close to the cluster's); a part
+that fails the requirement is merged into the part it enlarges least among those the union satisfies
+(``_repair``). Records are grouped into *units*,
 one per individual (all records of one person id; one record each without a person id); a unit always moves
 as a whole, so an individual is never spread over two classes. Distances are the scoring loss of the union
 box of two records, computed for many candidates in one vectorized expression.
@@ -14,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from stream_anon.core.engine.clusters import QIEncoder
+from stream_anon.core.engine.sensitive import SensitiveCodes
 
 
 class BlockDraws:
@@ -37,29 +41,70 @@ class BlockDraws:
 
 
 class Splitter:
-    """Splits a cluster given as ring slots into groups of >= k individuals (and >= l sensitive values).
+    """Splits a cluster given as ring slots into groups of >= k individuals (satisfying the requirement).
 
-    ``vectors`` is the engine's ring of record vectors, ``person_of`` / ``value_of`` its per-slot person id and
-    sensitive value (read when ``persons`` / ``l`` are set); the splitter only reads them.
+    ``vectors`` is the engine's ring of record vectors, ``person_of`` / ``value_of`` / ``code_of`` its per-slot
+    person id, sensitive value and value code (read when ``persons`` / ``codes`` are set); the splitter only
+    reads them.  ``codes``: the engine's :class:`~stream_anon.core.engine.sensitive.SensitiveCodes` (None: no
+    diversity requirement).
     """
 
-    def __init__(self, enc: QIEncoder, vectors: np.ndarray, *, k: int, l: int | None,  # noqa: E741
-                 persons: bool, person_of: list[Any], value_of: list[Any], draws: BlockDraws):
+    def __init__(self, enc: QIEncoder, vectors: np.ndarray, *, k: int, persons: bool, person_of: list[Any],
+                 value_of: list[Any], draws: BlockDraws, codes: SensitiveCodes | None = None,
+                 code_of: list[int] | None = None):
         self.enc = enc
         self.V = vectors
         self.k = k
-        self.l = l
+        self.codes = codes
+        self.l_split = codes.req.min_distinct if codes is not None else None
         self.persons = persons
         self.person_of = person_of
         self.value_of = value_of
+        self.code_of = code_of if code_of is not None else []
         self.draws = draws
 
     def split(self, members: Sequence[int]) -> list[list[int]]:
-        """KNN split (or split_l with l-diversity); a split with a part below k (or l) is not applied."""
+        """KNN split (split_l under a requirement); parts below k are not possible, parts that fail the
+        requirement are merged into others (:meth:`_repair`); a split that leaves one part is not applied."""
         units = self._units(members)
-        groups = self._split_l(units, self.l) if self.l is not None else self._split_knn(units)
+        groups = self._split_l(units, self.l_split) if self.l_split is not None else self._split_knn(units)
+        if len(groups) >= 2 and self.codes is not None:
+            groups = self._repair(groups)
         if len(groups) < 2 or not all(self._group_ok(g) for g in groups):
             return [list(members)]
+        return groups
+
+    def _counts(self, grp: Sequence[int]) -> np.ndarray:
+        assert self.codes is not None
+        code_of = self.code_of
+        return np.bincount(np.fromiter((code_of[s] for s in grp), dtype=np.intp, count=len(grp)),
+                           minlength=self.codes.width).astype(np.float64)
+
+    def _repair(self, groups: list[list[int]]) -> list[list[int]]:
+        """Merge every part that fails the requirement into another: the one it enlarges least among those whose
+        union with it satisfies the requirement (all unions checked at once), else the one it enlarges least.
+        Ends with satisfying parts, or one part (the cluster, which satisfies it: the caller released it whole
+        before)."""
+        codes = self.codes
+        assert codes is not None
+        enc, V = self.enc, self.V
+        counts = np.stack([self._counts(g) for g in groups])
+        ok = codes.ok_rows(counts)
+        while len(groups) > 1 and not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            grp, row = groups.pop(i), counts[i]
+            counts = np.delete(counts, i, axis=0)
+            boxes = np.stack([V[np.array(g)].min(axis=0) for g in groups])
+            n = np.array([len(g) for g in groups], dtype=np.float64)
+            box = V[np.array(grp)].min(axis=0)
+            e = (n + len(grp)) * enc.score_rows(np.minimum(boxes, box)) - n * enc.score_rows(boxes)
+            union_ok = codes.ok_rows(counts + row)
+            if union_ok.any():
+                e[~union_ok] = np.inf
+            j = int(e.argmin())
+            groups[j] = groups[j] + grp
+            counts[j] += row
+            ok = codes.ok_rows(counts)
         return groups
 
     def _units(self, members: Sequence[int]) -> list[list[int]]:
@@ -77,7 +122,7 @@ class Splitter:
                 return False
         elif len(grp) < self.k:
             return False
-        return self.l is None or len({self.value_of[s] for s in grp}) >= self.l
+        return self.codes is None or self.codes.ok(self._counts(grp))
 
     def _reps(self, units: Sequence[list[int]]) -> np.ndarray:
         """One random record per unit (the unit's representative for distances)."""

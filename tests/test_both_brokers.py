@@ -1,0 +1,107 @@
+"""Two integration tests of the service run on both brokers, Tansu and Apache Kafka, with the same assertions
+(issue 17 item 2: the pattern the other integration tests follow, through ``any_broker`` / ``restartable_broker``
+from ``tests/apache_kafka_support.py``).
+
+- ``stream-anon run`` + ``replay_tools kafka`` (ADULT, end-of-stream markers) + ``stream-anon audit``: every input
+  offset accounted once, every promised output published once, k and l verified independently.
+- The broker killed (``kill -9``) and restarted twice on its storage while the service drains a backlog: the
+  service keeps running, exactly once, k verified.  (The shared Tansu broker keeps its data in memory, so this one
+  runs on a broker of its own that keeps it: Tansu on durable storage, one Apache Kafka node.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from apache_kafka_support import ServiceProcess, TestBroker, wait_for
+from durable_broker import child_env
+from kafka import KafkaProducer
+from kafka_service_support import (
+    PARTITIONS,
+    K,
+    L,
+    adult_rows,
+    audit,
+    check_release,
+    committed_total,
+    drained,
+    service_cmd,
+)
+
+from stream_anon.core.datasets import read_adult
+from stream_anon.replay.kafka_replay import replay_records
+from stream_anon.service.audit import partition_ends, send_flush_markers
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_run_replay_and_audit(any_broker: TestBroker, adult_path: Path, tmp_path: Path) -> None:
+    bs = any_broker.bootstrap_servers
+    prefix = f"bb{any_broker.name[:1]}{uuid.uuid4().hex[:6]}"
+    n = 3000
+    with ServiceProcess(service_cmd(bs, prefix), tmp_path / "service.log") as service:
+        wait_for("the service subscribed", lambda: "main path: consuming" in service.text(), service, 120)
+        replay = subprocess.run([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path),
+                                 "--limit", str(n), "--topic", f"{prefix}.raw", "--bootstrap-servers", bs,
+                                 "--partitions", str(PARTITIONS), "--rate", "0", "--no-progress"],
+                                capture_output=True, text=True, timeout=120, env=child_env())
+        assert replay.returncode == 0, replay.stderr
+        assert f"replayed {n:,} records" in replay.stdout or f"replayed {n} records" in replay.stdout, replay.stdout
+        ends = partition_ends(bs, f"{prefix}.raw")
+        assert sum(ends.values()) == n + PARTITIONS  # + one end-of-stream marker per partition
+        waited = wait_for("every partition drained", lambda: drained(bs, f"{prefix}-main", f"{prefix}.raw", ends),
+                          service, 180)
+        assert service.stop() == 0, service.text()[-5000:]
+    res = audit(bs, prefix)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "OK: every input offset accounted exactly once, every promised output published exactly once" in res.stdout
+    assert f"(total {n + PARTITIONS:,})" in res.stdout
+    adult = read_adult(adult_path).head(n)
+    snap = check_release(bs, prefix, ends, adult)
+    print(f"\n{any_broker.name}: {n} ADULT records through stream-anon run, drained {waited:.1f} s after the replay; "
+          f"audit OK; {snap.classes} classes, k = {K}, l = {L} verified")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_broker_kill_9_twice_under_the_running_service(restartable_broker: TestBroker, adult_path: Path,
+                                                       tmp_path: Path) -> None:
+    broker = restartable_broker
+    bs = broker.bootstrap_servers
+    prefix = f"bk{broker.name[:1]}{uuid.uuid4().hex[:6]}"
+    group, topic = f"{prefix}-main", f"{prefix}.raw"
+    adult = read_adult(adult_path).head(8000)
+    rows = adult_rows(adult)
+    stats = replay_records(rows, topic, bs, partitions=PARTITIONS)
+    assert stats.records_acked == len(rows)
+    producer = KafkaProducer(bootstrap_servers=bs)
+    send_flush_markers(producer, topic, list(range(PARTITIONS)))
+    producer.close()
+    ends = {p: stats.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
+    figures = []
+    with ServiceProcess(service_cmd(bs, prefix, ("--set", "kafka.max_poll_records=500")),
+                        tmp_path / "service.log") as service:
+        wait_for("the service subscribed", lambda: "main path: consuming" in service.text(), service, 120)
+        for fraction in (0.3, 0.65):
+            wait_for(f"{fraction:.0%} committed", lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows),
+                     service, 240)
+            before = committed_total(bs, group, topic)
+            up = broker.restart()  # kill -9, start again on the same storage
+            t0 = time.monotonic()
+            wait_for("progress after the restart", lambda b=before: committed_total(bs, group, topic) > b, service, 240)
+            figures.append((before, round(up, 2), round(time.monotonic() - t0, 1)))
+        wait_for("every partition drained", lambda: drained(bs, group, topic, ends), service, 300)
+        assert service.stop() == 0, service.text()[-5000:]
+        text = service.text()
+    res = audit(bs, prefix)
+    assert res.returncode == 0, res.stdout + res.stderr
+    snap = check_release(bs, prefix, ends, adult)
+    print(f"\n{broker.name}: broker kill -9 x2 under the running service: {len(snap.records)} records accounted once; "
+          f"(committed before, broker up s, committed progress again s) = {figures}; producers recreated "
+          f"{text.count('producers created anew')} time(s)")
