@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 from producer_support import Fault
 from prometheus_client import CollectorRegistry
 from test_service_producer_recovery import N as N_RECOVERY
@@ -191,6 +192,9 @@ def test_the_broker_keeps_the_tick_timestamp_given_by_either_client(broker: Any,
     cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
                                          "kafka.producer_client": client})
     topic = f"tick{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)  # the service's producers never create topics
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.close()
     tick = (math.floor(time.time()) + 1) * 1000
     producer = open_producer(cfg.kafka)
     try:
