@@ -224,4 +224,4 @@ def test_a_class_message_does_not_name_its_expiring_member(run: Run, broker: Any
     assert abs(rep.order.z) <= 4 and rep.order.pairs > 10_000, str(rep.order)
     assert rep.position_member <= rep.groups
     for pin in rep.pins:
-        assert pin.correct <= rep.tick_guess_bound, (pin, rep.tick_guess_expected, rep.tick_guess_variance)
+        assert pin.correct <= rep.tick_bound, (pin, rep.tick_guess_expected, rep.tick_guess_variance)

@@ -275,7 +275,7 @@ def test_the_attack_pins_the_expiring_member_without_ticks_and_not_with_them() -
     after = release_timing_attack(*_synthetic(1000), delta)
     assert after.releases == after.oracle_member == before.releases and after.groups < after.releases / 20
     assert after.position_member <= after.groups
-    assert all(p.correct <= after.tick_guess_bound for p in after.pins), (after.lines(), after.tick_guess_bound)
+    assert all(p.correct <= after.tick_bound for p in after.pins), (after.lines(), after.tick_bound)
     assert after.best_pin.correct < 0.5 * before.best_pin.correct
     assert abs(after.order.z) <= 4
     assert float(np.median(after.tick_candidates)) > 1
@@ -321,5 +321,5 @@ def test_a_t_closeness_reference_narrows_the_window_to_its_snapshot_and_the_boun
     ref = release_timing_attack(*_synthetic(5000, reference_every=100), delta, reference_every=100)
     assert float(np.median(ref.tick_candidates)) < float(np.median(plain.tick_candidates)) / 3
     assert ref.tick_guess_expected > 2 * plain.tick_guess_expected
-    assert all(p.correct <= ref.tick_guess_bound for p in ref.pins)
+    assert all(p.correct <= ref.tick_bound for p in ref.pins)
     assert ref.best_pin.correct > plain.best_pin.correct

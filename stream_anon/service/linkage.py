@@ -330,6 +330,10 @@ class ReleaseTimingReport:
             tick (after the previous tick's last trigger up to this tick's last trigger: an attacker who knows the
             service's lag exactly), covered like the pins' candidates.
         tick_candidates: that candidate count per release.
+        tick_eliminated, tick_eliminated_correct: the same candidates matched within each tick by elimination (a
+            release with one candidate left is pinned to it, which leaves the other releases of the tick; repeated
+            until nothing changes), and how many of those pins are the expiring member: the best attack we know
+            from the tick's information alone.
         order: the anon order of each group's classes against their triggers' order.
     """
 
@@ -342,6 +346,8 @@ class ReleaseTimingReport:
     tick_guess_expected: float = 0.0
     tick_guess_variance: float = 0.0
     tick_candidates: list[int] = field(default_factory=list)
+    tick_eliminated: int = 0
+    tick_eliminated_correct: int = 0
     order: OrderConcordance = field(default_factory=OrderConcordance)
 
     @property
@@ -350,9 +356,11 @@ class ReleaseTimingReport:
         return max(self.pins, key=lambda p: p.correct)
 
     @property
-    def tick_guess_bound(self) -> float:
-        """What guessing within the tick gives, plus four standard deviations."""
-        return self.tick_guess_expected + 4 * math.sqrt(self.tick_guess_variance)
+    def tick_bound(self) -> float:
+        """What the tick's information allows: the better of guessing within the tick (its expected count plus four
+        standard deviations) and elimination within the tick."""
+        return max(self.tick_guess_expected + 4 * math.sqrt(self.tick_guess_variance),
+                   float(self.tick_eliminated_correct))
 
     def lines(self) -> list[str]:
         best = self.best_pin
@@ -368,7 +376,9 @@ class ReleaseTimingReport:
                 f"{p.window_ms:g} ms: {p.unique:,} / {p.correct:,} / {p.member:,}" for p in self.pins),
             f"best window {best.window_ms:g} ms: pinned uniquely {best.unique:,}, the expiring member {best.correct:,} "
             f"of {self.releases:,} ({best.correct / n:.1%}); guessing among the tick's candidates (median {med:.0f} "
-            f"per release): {self.tick_guess_expected:.1f} +- {sd:.1f} ({self.tick_guess_expected / n:.1%})",
+            f"per release): {self.tick_guess_expected:.1f} +- {sd:.1f} ({self.tick_guess_expected / n:.1%}); "
+            f"elimination within the tick: {self.tick_eliminated:,} pinned, {self.tick_eliminated_correct:,} the "
+            f"expiring member ({self.tick_eliminated_correct / n:.1%})",
             f"anon order vs trigger order within groups: tau {self.order.tau:.3f} over {self.order.pairs:,} pairs, "
             f"z = {self.order.z:.2f} (a uniformly random order: |z| <= 4)",
         ]
@@ -405,6 +415,7 @@ def release_timing_attack(classes: Sequence[ReleasedClass], arrivals: Mapping[in
         rep.groups += 1
         rep.order.add([arr.position(c.trigger) for c in sorted(group, key=lambda c: c.position)
                        if c.trigger is not None])
+    in_tick: dict[tuple[int, int], list[tuple[set[int], int]]] = {}  # group -> (candidates, expiring) per release
     releases: dict[tuple[int, int], list[ReleasedClass]] = {}
     for c in classes:
         if c.trigger is not None:
@@ -435,11 +446,35 @@ def release_timing_attack(classes: Sequence[ReleasedClass], arrivals: Mapping[in
         lo, hi = tick_range[(p, t)]
         cand = _covered(arr, boxes, max(lo, ref_lo) - delta, min(hi, ref_hi) - delta)
         rep.tick_candidates.append(len(cand))
+        in_tick.setdefault((p, t), []).append((set(cand.tolist()), expiring))
         if len(cand) and expiring in cand:
             q = 1 / len(cand)
             rep.tick_guess_expected += q
             rep.tick_guess_variance += q * (1 - q)
+    for sets in in_tick.values():
+        pinned = _eliminate([s for s, _ in sets])
+        rep.tick_eliminated += len(pinned)
+        rep.tick_eliminated_correct += sum(x == sets[i][1] for i, x in pinned.items())
     return rep
+
+
+def _eliminate(candidates: Sequence[set[int]]) -> dict[int, int]:
+    """Index -> the candidate it is pinned to: a set with one candidate left pins it, and that candidate leaves
+    every other set; until nothing changes."""
+    left = [set(s) for s in candidates]
+    pinned: dict[int, int] = {}
+    changed = True
+    while changed:
+        changed = False
+        for i, s in enumerate(left):
+            if i not in pinned and len(s) == 1:
+                x = next(iter(s))
+                pinned[i] = x
+                changed = True
+                for j, other in enumerate(left):
+                    if j != i:
+                        other.discard(x)
+    return pinned
 
 
 def _covered(arr: PartitionArrivals, boxes: Sequence[tuple[np.ndarray, np.ndarray]], lo: int, hi: int
