@@ -42,7 +42,7 @@ from stream_anon.kafka_io.settings import PRODUCER_CLIENTS, KafkaSettings, Topic
 from stream_anon.privacy.base import PrivacyParameterError
 
 ENV_PREFIX = "STREAM_ANON_"
-DEFAULT_TICK_SECONDS = 1.0
+DEFAULT_TICK_SECONDS = 5.0
 """``release.tick_seconds``: the classes formed within one wall-clock tick of this length are published together at
 its end, in a random order, all with the tick's end as their Kafka timestamp (:mod:`stream_anon.service.ticks`)."""
 MAX_TICK_SECONDS = 3600.0
