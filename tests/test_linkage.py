@@ -216,7 +216,7 @@ def test_a_class_message_does_not_name_its_expiring_member(run: Run, broker: Any
                                 reference_every=a.engine_config(a.seed).effective_t_reference_every)
     print("\nrelease timing (all of ADULT as fast as it can be sent):\n  " +
           "\n  ".join(rep.lines() + timing.latency_lines()))
-    assert len(timing.classes) == run.snap.classes and rep.releases > 1000
+    assert len(timing.classes) == run.snap.classes and rep.releases > 500
     assert all(c.timestamp_ms % tick_ms == 0 for c in timing.classes)
     assert timing.publish_ms.min() >= 0  # no class is stamped before one of its members arrived
     assert rep.oracle_member >= 0.99 * rep.releases  # the expiring member is there to be found
