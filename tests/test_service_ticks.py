@@ -293,7 +293,7 @@ def test_a_producer_recreated_while_classes_wait_for_their_tick_loses_and_duplic
     cfg = recovery_config(broker.bootstrap_servers, prefix).with_options({"release.tick_seconds": 0.5})
     fault = Fault(cfg.topics.anon, nth=1)
     patch_clients(monkeypatch, fault)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()), release_rng=seeded_crypto_rng(11))
     rc: list[int] = []
     th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
     th.start()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
@@ -33,7 +34,6 @@ from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
 from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
-from stream_anon.privacy.base import crypto_rng
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
 from stream_anon.service.failure_policy import ProducerFailurePolicy, failure_window
@@ -75,6 +75,7 @@ class LoopOwner(Protocol):
     ready: threading.Event
     assigned: threading.Event
     view: LoopView
+    release_rng: np.random.Generator
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class MainLoop:
         self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
-        self.ticks = ReleaseTicks(self.cfg.release.tick_seconds, crypto_rng(self.cfg.anonymization.seed))
+        self.ticks = ReleaseTicks(self.cfg.release.tick_seconds, main.release_rng)
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
 
     # ------------------------------------------------------------------ run
