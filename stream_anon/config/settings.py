@@ -46,6 +46,7 @@ DEFAULT_TICK_SECONDS = 5.0
 """``release.tick_seconds``: the classes formed within one wall-clock tick of this length are published together at
 its end, in a random order, all with the tick's end as their Kafka timestamp (:mod:`stream_anon.service.ticks`)."""
 MAX_TICK_SECONDS = 3600.0
+"""The longest ``release.tick_seconds`` (an hour; ``stream_anon.service.ticks`` checks the same bound)."""
 _SIDE_TOPICS = SideTopics()  # the side topics' default names are written once, in stream_anon.config.side_paths
 
 

@@ -38,8 +38,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from stream_anon.core.validation import require_float
 from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerEntry
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
+
+MAX_TICK_SECONDS = 3600.0
+"""The longest release tick (``release.tick_seconds``): an hour."""
 
 
 def stamped(entry: LedgerEntry, timestamp_ms: int) -> LedgerEntry:
@@ -54,11 +58,11 @@ class ReleaseTicks:
     of a tick's classes is its end in epoch milliseconds."""
 
     def __init__(self, seconds: float, rng: np.random.Generator) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-                seconds == 0 or 0.001 <= seconds <= 3600):
-            raise ValueError(f"release.tick_seconds: must be 0 or a number of seconds in [0.001, 3600], "
-                             f"got {seconds!r}")
-        self.tick_ms = int(round(seconds * 1000))
+        allowed = f"0 or a number of seconds in [0.001, {MAX_TICK_SECONDS:g}]"
+        t = require_float("release.tick_seconds", seconds, low=0.0, high=MAX_TICK_SECONDS, allowed=allowed)
+        if 0 < t < 0.001:
+            require_float("release.tick_seconds", t, low=0.001, allowed=allowed)
+        self.tick_ms = int(round(t * 1000))
         self.rng = rng
 
     @property
