@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 from stream_anon.cli.service import bootstrap_servers_from_env
 from stream_anon.core.datasets import ADULT_ENV
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 
 
@@ -89,6 +89,16 @@ def _load(args: argparse.Namespace) -> tuple[Any, str, str | None]:
         raise ReplaySourceError(str(e)) from None
 
 
+def _check_address(bootstrap_servers: str) -> None:
+    """A malformed ``--bootstrap-servers`` is a :class:`ReplaySourceError` (exit 2), found before anything else."""
+    from stream_anon.kafka_io.settings import BootstrapAddressError, parse_bootstrap_servers
+
+    try:
+        parse_bootstrap_servers(bootstrap_servers)
+    except BootstrapAddressError as e:
+        raise ReplaySourceError(f"--bootstrap-servers: {e}") from None
+
+
 def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     from stream_anon.replay.kafka_replay import ensure_topic, replay_records
 
@@ -96,6 +106,7 @@ def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     if not args.bootstrap_servers:
         print("kafka: --bootstrap-servers (or $STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
         return 2
+    _check_address(args.bootstrap_servers)  # malformed: exit 2 before the records are loaded
     records, label, id_field = _load(args)
     if not isinstance(records, list) and (args.loop > 1 or args.shuffle):
         print("kafka: --loop/--shuffle need a finite source (give --synthetic N with N > 0 or --limit)",
@@ -151,6 +162,7 @@ def _cmd_flush(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     if not args.bootstrap_servers:
         print("flush: --bootstrap-servers (or $STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS) is required", file=sys.stderr)
         return 2
+    _check_address(args.bootstrap_servers)
     if not topic_exists(args.bootstrap_servers, args.topic, connect_timeout_s=args.connect_timeout):
         print(f"flush: topic {args.topic!r} does not exist on {args.bootstrap_servers} (--topic)", file=sys.stderr)
         return 2
@@ -213,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("kafka", help="replay records into a Kafka topic (JSON values, key = record id)")
     _add_source(k)
-    k.add_argument("--topic", default="adult.raw")
+    k.add_argument("--topic", default="adult.raw",
+                   help="the topic to replay into: the service's input topic (default adult.raw; created with "
+                        "--partitions partitions when missing)")
     k.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     k.add_argument("--rate", type=float, default=0.0, help="records/s (0 = as fast as possible)")
     k.add_argument("--loop", type=int, default=1, help="passes over the records; pass i >= 1 suffixes ids with #i")
@@ -249,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("flush", help="send the end-of-stream control message to every partition of a topic "
                                      "(e.g. after a UDP stream, once the bridge has exited)")
-    f.add_argument("--topic", default="adult.raw")
+    f.add_argument("--topic", default="adult.raw",
+                   help="the topic whose partitions get the marker: the service's input topic (default adult.raw)")
     f.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     f.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="give up (exit 3) when no broker answers within this time (default 30)")
@@ -280,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "python -m replay_tools"
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # kafka-python's retry chatter; failures are counted
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
     with InterruptGuard() as interrupts:
         try:
             if argv[:1] == ["udp-loss-bench"]:  # its own parser (argparse REMAINDER does not take leading options)

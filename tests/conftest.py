@@ -4,8 +4,10 @@ Tansu broker (S3 storage on a private s3rver) per test for restart tests."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +48,62 @@ def durable_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         pytest.fail(str(e))
     with EmbeddedBroker(storage="s3", data_dir=tmp_path / "s3", log_path=tmp_path / "tansu.log") as b:
         yield b
+
+
+# ------------------------------------------------------------------------------------------------ test tiers
+# README "Testing": the fast tier (`bash scripts/test.sh --fast`, i.e. `-m "not integration and not slow"`) is
+# every test that runs in this one Python process: no broker, no server, no subprocess.  Markers:
+#   integration: needs a real broker (Tansu, Apache Kafka), s3rver, Prometheus/promtool, or starts a process
+#                (the CLI, the service, a tool).  Applied here to every test that uses one of INTEGRATION_FIXTURES
+#                (directly or through another fixture); a test that starts a process without such a fixture
+#                carries an explicit @pytest.mark.integration.  A test that starts one without either mark
+#                fails at once, naming the command (the audit hook below): nobody has to remember.
+#   slow:        long statistical or end-to-end runs (whole-ADULT streams, calibration over many seeds).
+INTEGRATION_FIXTURES = frozenset({
+    "broker", "durable_broker",  # Tansu (memory; S3 on s3rver)
+    "apache_kafka", "kafka_cluster", "any_broker", "restartable_broker",  # Apache Kafka (tests/apache_kafka_support.py)
+})
+# process-creating events of sys.addaudithook (https://docs.python.org/3/library/audit_events.html)
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "os.fork",
+                            "os.forkpty"})
+# what libraries run for themselves on a fresh machine (matplotlib's font cache: fc-list; ctypes.util.find_library:
+# ldconfig, gcc, ld, objdump; platform: uname): not the test's doing, allowed everywhere
+LIBRARY_PROBES = frozenset({"fc-list", "ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+_running_in_process_only: list[str] = []  # node id of the running test when it is not marked integration
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    in_process_only = item.get_closest_marker("integration") is None
+    if in_process_only:
+        _running_in_process_only.append(item.nodeid)
+    try:
+        yield
+    finally:
+        if in_process_only:
+            _running_in_process_only.pop()
+
+
+class UnmarkedProcessError(RuntimeError):
+    """A test that is not marked ``integration`` started a process (it would run in the fast tier)."""
+
+
+def _refuse_processes_in_unmarked_tests(event: str, args: tuple[Any, ...]) -> None:
+    if event in PROCESS_EVENTS and _running_in_process_only:
+        command = " ".join(map(os.fsdecode, [args[1]] if isinstance(args[1], str | bytes | os.PathLike) else args[1])) \
+            if event == "subprocess.Popen" else repr(args)
+        if event == "subprocess.Popen" and os.path.basename((command.split() or [""])[0]) in LIBRARY_PROBES:
+            return
+        raise UnmarkedProcessError(
+            f"{_running_in_process_only[-1]} starts a process ({event}: {command[:200]}) but is not marked "
+            f"integration: add @pytest.mark.integration (tests that use a broker fixture get it from "
+            f"tests/conftest.py); the fast tier runs in one process")
+
+
+sys.addaudithook(_refuse_processes_in_unmarked_tests)

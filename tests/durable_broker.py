@@ -32,15 +32,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 Record = tuple[int, int, bytes]  # partition, offset, value
 
 
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    """Poll ``cond`` until it is true; fail with ``what`` after ``timeout_s`` (a deadline, not an assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def child_env() -> dict[str, str]:
     """The environment for child processes: this project first on PYTHONPATH."""
     env = dict(os.environ)

@@ -18,6 +18,7 @@ class Sent:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
+    timestamp_ms: int | None = None  # None: the send time
 
 
 class Refused(Exception):
@@ -48,7 +49,7 @@ class MemoryTransport:
 
     def submit(self, batch: OutgoingBatch) -> None:
         for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
-            self.sent.append(Sent(batch.topic, batch.partition, k, v, batch.headers_of(i)))
+            self.sent.append(Sent(batch.topic, batch.partition, k, v, batch.headers_of(i), batch.timestamp_ms))
             if self.fatal:
                 batch.errors[i] = confluent_kafka.KafkaError(confluent_kafka.KafkaError._FATAL, "fenced (test)",
                                                              fatal=True)

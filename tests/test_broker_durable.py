@@ -34,13 +34,21 @@ from durable_broker import (
     read_acks,
     read_topic,
     topic_info,
-    wait_until,
 )
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from kafka.structs import OffsetAndMetadata
+from waiting import wait_for
 
-from stream_anon.kafka_io.broker import S3RVER_ENV, EmbeddedBroker, S3rverNotFoundError, node_binary
+from stream_anon.kafka_io.broker import (
+    S3RVER_ENV,
+    EmbeddedBroker,
+    S3rverNotFoundError,
+    node_binary,
+    process_stopped,
+    stat_state,
+    thread_states,
+)
 
 TOPIC, GROUP, PARTITIONS = "durable", "durable-group", 2
 SUPPORT = Path(__file__).with_name("durable_broker.py")
@@ -99,7 +107,7 @@ def test_durable_restart_keeps_topics_records_and_committed_offsets(durable_brok
             got.extend((tp.partition, r.offset) for tp, recs in consumer.poll(200).items() for r in recs)
             return len(got) >= remaining
 
-        wait_until(poll, 60, f"{remaining} records after the committed offsets")
+        wait_for(poll, 60, f"{remaining} records after the committed offsets")
     finally:
         consumer.close()
     first = {p: min(o for q, o in got if q == p) for p in range(PARTITIONS)}
@@ -116,7 +124,7 @@ def test_kill_9_mid_produce_loses_nothing_acknowledged(durable_broker: EmbeddedB
     child = subprocess.Popen([sys.executable, str(SUPPORT), "produce", bs, TOPIC, str(total), str(acks_file)],
                              env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: len(read_acks(acks_file)) >= 3000, 60, "3,000 acknowledged records")
+        wait_for(lambda: len(read_acks(acks_file)) >= 3000, 60, "3,000 acknowledged records")
         durable_broker.kill()  # the broker dies with produce requests in flight ...
         child.kill()  # ... and so does the producer (its retries would go to the restarted broker)
         child.wait()
@@ -187,7 +195,7 @@ def test_sigint_to_the_starters_process_group_does_not_reach_the_broker() -> Non
     try:
         os.killpg(child.pid, signal.SIGINT)  # Ctrl-C in the child's terminal: its whole process group
         assert read_line(child, 30).strip() == b"interrupted"
-        wait_until(lambda: not pid_alive(sleeper_pid), 30, "the control process in the group to die of SIGINT")
+        wait_for(lambda: not pid_alive(sleeper_pid), 30, "the control process in the group to die of SIGINT")
         assert pid_alive(broker_pid)
         admin = KafkaAdminClient(bootstrap_servers=str(info["bootstrap_servers"]), request_timeout_ms=5000)
         admin.list_topics()  # and it still answers
@@ -213,7 +221,7 @@ def test_kill_9_of_the_starter_takes_the_broker_down() -> None:
     try:
         child.kill()
         child.wait()
-        wait_until(lambda: not pid_alive(broker_pid), 30, "the broker to exit after its starter died")
+        wait_for(lambda: not pid_alive(broker_pid), 30, "the broker to exit after its starter died")
     finally:
         for pid in (broker_pid, sleeper_pid):
             if pid_alive(pid):
@@ -227,11 +235,16 @@ def test_freeze_stalls_the_broker_and_thaw_resumes_it(tmp_path: Path) -> None:
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers, request_timeout_ms=1500)
         try:
             admin.list_topics()
+            pid = broker.pid
+            assert pid is not None and "T" not in thread_states(pid)
             with broker.frozen_for():
                 assert broker.frozen
+                states = thread_states(pid)  # freeze() returned: every thread is stopped, none can answer
+                assert states and set(states) == {"T"}, states
                 with pytest.raises(RequestTimedOutError):
                     admin.list_topics()
             assert not broker.frozen
+            assert "T" not in thread_states(pid)  # SIGCONT resumes every thread at once
 
             def answers() -> bool:
                 try:
@@ -240,7 +253,7 @@ def test_freeze_stalls_the_broker_and_thaw_resumes_it(tmp_path: Path) -> None:
                 except KafkaError:
                     return False
 
-            wait_until(answers, 30, "the thawed broker to answer")
+            wait_for(answers, 30, "the thawed broker to answer")
         finally:
             admin.close()
         broker.freeze()
@@ -257,3 +270,16 @@ def test_durable_broker_without_s3rver_or_node_fails_clearly(tmp_path: Path, mon
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(S3rverNotFoundError, match="node not found"):
         node_binary()
+
+
+def test_the_stopped_state_is_read_after_the_command_name_whatever_it_holds() -> None:
+    """``freeze()`` waits for state ``T`` of every thread: the state is the field after the last ``)`` of
+    ``/proc/<pid>/task/<tid>/stat`` (the command name may hold spaces and parentheses)."""
+    assert stat_state("4217 (tansu-v0.6.0) T 4216 4217 4217 0 -1 4194560 1 0") == "T"
+    assert stat_state("12 (a (b) c) S 1 12 12 0 -1") == "S"
+    assert stat_state("12 ()) R 1 12") == "R"
+    me = os.getpid()
+    states = thread_states(me)
+    assert states and "T" not in states  # this process runs (R) or sleeps (S), it is not stopped
+    assert not process_stopped(me)
+    assert thread_states(2**22 + 1) == [] and not process_stopped(2**22 + 1)  # above pid_max: no such process

@@ -36,6 +36,7 @@ from deploy_support import (
     require_tool,
     rule_exprs,
 )
+from waiting import wait_for
 
 from stream_anon.kafka_io.broker import free_port
 from stream_anon.metrics.definitions import METRIC_NAMES
@@ -56,8 +57,9 @@ NO_SAMPLE_REASONS = {
     "stream_anon_records_suppressed_total": "only when a record reaches the delay bound without a class",
     "stream_anon_estimate_abs_error": "only with the demo's truth tracker (exact values known)",
     "stream_anon_estimate_standard_error": "only after the side paths publish their first periodic estimate",
-    "stream_anon_epsilon_budget_remaining": "only when the side paths set their budget gauges",
-    "stream_anon_epsilon_budget_total": "only when the side paths set their budget gauges",
+    "stream_anon_epsilon_budget_remaining": "only with a lifetime budget (side_paths.kmeans.total_epsilon)",
+    "stream_anon_epsilon_budget_total": "only with a lifetime budget (side_paths.kmeans.total_epsilon)",
+    "stream_anon_epsilon_budget_used": "only with a lifetime budget (side_paths.kmeans.total_epsilon)",
     "stream_anon_side_outputs_refused_total": "only when a privacy budget is exhausted",
     "stream_anon_side_records_skipped_total": "only when the side paths meet an invalid input",
     "stream_anon_internal_errors_total": "only when the pipeline's guard catches a bug on a message",
@@ -78,20 +80,6 @@ class Stack:
 def _get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return bytes(r.read())
-
-
-def _wait(what: str, fn: Any, timeout: float, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001  (retry until the deadline, report the last error)
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def _query(prom: str, expr: str) -> dict[str, Any]:
@@ -132,7 +120,7 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
 
     prometheus_bin = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("deploy-live")
-    metrics_port, side_port, prom_port = free_port(), free_port(), free_port()
+    metrics_port, side_port, prom_port, udp_port = free_port(), free_port(), free_port(), free_port()
     topics = {name: f"{PREFIX}.{name}" for name in ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates",
                                                     "kmeans")}
     cmd = [sys.executable, "-m", "stream_anon", "run", "--bootstrap-servers", broker.bootstrap_servers,
@@ -144,50 +132,64 @@ def stack(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactor
         cmd += ["--set", f"topics.{name}={topic}"]
     service_log = tmp / "service.log"
     service = subprocess.Popen(cmd, stdout=open(service_log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    # the UDP bridge is a process of its own and exports its own metrics (issue 20: the service exports none of
+    # them); a null sink: only its metrics matter here
+    bridge = subprocess.Popen([sys.executable, "-m", "stream_anon", "udp-bridge", "--sink", "null", "--listen",
+                               "127.0.0.1:0", "--metrics-port", str(udp_port)],
+                              stdout=open(tmp / "udp-bridge.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     prometheus: subprocess.Popen[bytes] | None = None
     try:
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         side_url = f"http://127.0.0.1:{side_port}/metrics"
-        _wait("the service's metrics endpoint", lambda: _get(metrics_url), 60)
-        _wait("the side paths' metrics endpoint", lambda: _get(side_url), 60)
+        wait_for(lambda: _get(metrics_url), 60, "the service's metrics endpoint", retry_on=(Exception,))
+        wait_for(lambda: _get(side_url), 60, "the side paths' metrics endpoint", retry_on=(Exception,))
+        udp_url = f"http://127.0.0.1:{udp_port}/metrics"
+        wait_for(lambda: _get(udp_url), 60, "the UDP bridge's metrics endpoint", retry_on=(Exception,))
 
         rules = tmp / "rules.yml"
         shutil.copy(RULES_YML, rules)
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
                   "scrape_configs": [{"job_name": "stream-anon", "scrape_interval": "1s",
                                       "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}",
-                                                                      f"127.0.0.1:{side_port}"]}]}]}
+                                                                      f"127.0.0.1:{side_port}"]}]},
+                                     {"job_name": "stream-anon-udp", "scrape_interval": "1s",
+                                      "static_configs": [{"targets": [f"127.0.0.1:{udp_port}"]}]}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
         prometheus = subprocess.Popen(
             [prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
         prom = f"http://127.0.0.1:{prom_port}"
-        _wait("Prometheus ready", lambda: _get(f"{prom}/-/ready"), 60)
-        _wait("a successful scrape of both endpoints",
-              lambda: len([v for _, v in _vector(prom, 'up{job="stream-anon"}') if v == 1.0]) == 2, 30)
+        wait_for(lambda: _get(f"{prom}/-/ready"), 60, "Prometheus ready", retry_on=(Exception,))
+        wait_for(lambda: len([v for _, v in _vector(prom, 'up{job="stream-anon"}') if v == 1.0]) == 2, 30,
+                 "a successful scrape of both endpoints", retry_on=(Exception,))
 
         records = [r for _, r in zip(range(2 * RECORDS_PER_BATCH), iter_adult_records(adult_path), strict=False)]
         _replay(broker.bootstrap_servers, records[:RECORDS_PER_BATCH])
         _send_malformed(broker.bootstrap_servers, 6)
         # the first batch must be consumed and scraped before the second, so the counter rises between scrapes
-        _wait("first batch consumed (scraped by Prometheus)",
-              lambda: [v for _, v in _vector(prom, f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})')
-                       if v >= RECORDS_PER_BATCH], 60)
+        consumed = f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})'
+        wait_for(lambda: [v for _, v in _vector(prom, consumed) if v >= RECORDS_PER_BATCH], 60,
+                 "first batch consumed (scraped by Prometheus)", retry_on=(Exception,))
         _replay(broker.bootstrap_servers, records[RECORDS_PER_BATCH:])
-        _wait("second batch consumed",
-              lambda: [v for _, v in _vector(prom, f'sum(stream_anon_records_consumed_total{{topic="{INPUT}"}})')
-                       if v >= 2 * RECORDS_PER_BATCH + 6], 60)
+        wait_for(lambda: [v for _, v in _vector(prom, consumed) if v >= 2 * RECORDS_PER_BATCH + 6], 60,
+                 "second batch consumed", retry_on=(Exception,))
         time.sleep(2.5)  # a few more scrapes and rule evaluations
-        _wait("the side paths' first published records",
-              lambda: [v for _, v in _vector(prom, "sum(stream_anon_side_records_published_total)") if v > 0], 60)
+        published = "sum(stream_anon_side_records_published_total)"
+        wait_for(lambda: [v for _, v in _vector(prom, published) if v > 0], 60,
+                 "the side paths' first published records", retry_on=(Exception,))
         time.sleep(1.5)
         st = Stack(metrics_url=metrics_url, side_metrics_url=side_url, prometheus_url=prom, service=service,
                    service_log=service_log)
-        # both endpoints together are the service's exposition (same registry layout, different processes)
-        st.scrape = _get(metrics_url).decode() + "\n" + _get(side_url).decode()
+        # the three endpoints together are the exposition of the metrics module: each process its own part
+        st.scrape = _get(metrics_url).decode() + "\n" + _get(side_url).decode() + "\n" + _get(udp_url).decode()
         yield st
     finally:
+        bridge.terminate()
+        try:
+            bridge.wait(30)
+        except subprocess.TimeoutExpired:
+            bridge.kill()
         if service.poll() is None:
             service.terminate()
             try:
@@ -226,7 +228,7 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
     unexplained = declared_only - set(NO_SAMPLE_REASONS)
     assert not unexplained, f"declared but without samples after the replay, and not explained: {unexplained}"
     # the replay exercised the main path and the side paths: these have real samples
-    for n in ("stream_anon_epsilon_spent_total", "stream_anon_side_records_published_total",
+    for n in ("stream_anon_epsilon_per_record", "stream_anon_side_records_published_total",
               "stream_anon_side_records_consumed_total","stream_anon_records_consumed_total", "stream_anon_records_released_total",
               "stream_anon_records_dead_lettered_total", "stream_anon_release_delay_arrivals_bucket",
               "stream_anon_class_size_bucket", "stream_anon_consumer_lag", "stream_anon_buffered_records",
@@ -236,7 +238,8 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
 
 def test_prometheus_scrapes_the_service_and_the_throughput_rule_is_positive(stack: Stack) -> None:
     prom = stack.prometheus_url
-    result = _wait(f"{THROUGHPUT_RULE} > 0", lambda: [v for _, v in _vector(prom, THROUGHPUT_RULE) if v > 0], 30)
+    result = wait_for(lambda: [v for _, v in _vector(prom, THROUGHPUT_RULE) if v > 0], 30,
+                      f"{THROUGHPUT_RULE} > 0", retry_on=(Exception,))
     assert result[0] > 0
     out = _vector(prom, "job:stream_anon_records_released:rate1m")
     assert out and out[0][1] > 0, out
@@ -313,5 +316,5 @@ def test_stopping_the_service_sets_up_to_zero(stack: Stack) -> None:
     stack.service.wait(30)
     for name, cmd, env in _healthchecks(stack):
         assert _run_check(cmd, env) != 0, f"{name} still passes with the service stopped"
-    _wait("up == 0 for both endpoints after the service stopped",
-          lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}')] == [0.0, 0.0], 15)
+    wait_for(lambda: [v for _, v in _vector(stack.prometheus_url, 'up{job="stream-anon"}')] == [0.0, 0.0], 15,
+             "up == 0 for both endpoints after the service stopped", retry_on=(Exception,))

@@ -55,12 +55,14 @@ def _module_series() -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------- promtool
+@pytest.mark.integration
 def test_promtool_check_config() -> None:
     r = _promtool("check", "config", str(PROMETHEUS_YML))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout
 
 
+@pytest.mark.integration
 def test_promtool_check_rules() -> None:
     r = _promtool("check", "rules", str(RULES_YML))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -68,6 +70,7 @@ def test_promtool_check_rules() -> None:
     assert f"SUCCESS: {n} rules found" in r.stdout
 
 
+@pytest.mark.integration
 def test_promtool_rule_unit_tests_fire_every_alert() -> None:
     r = _promtool("test", "rules", str(RULES_TEST_YML))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -202,7 +205,7 @@ DASHBOARD_MUST_SHOW = {
     "DLQ and suppression": {"stream_anon_records_dead_lettered_total", "stream_anon_records_suppressed_total"},
     "gate refusals and internal errors": {"stream_anon_k_anonymity_violations_total",
                                           "stream_anon_internal_errors_total"},
-    "eps per side topic": {"stream_anon_epsilon_spent_total"},
+    "eps per side topic": {"stream_anon_epsilon_per_record", "stream_anon_epsilon_budget_remaining"},
     "estimate errors": {"stream_anon_estimate_standard_error", "stream_anon_estimate_abs_error"},
     "UDP gaps": {"stream_anon_udp_gaps_total"},
 }
@@ -356,6 +359,7 @@ def test_compose_kafka_is_kraft_with_the_official_image() -> None:
     assert compose["services"]["kafka-topics"]["image"] == kafka["image"]
 
 
+@pytest.mark.integration
 def test_topic_job_creates_the_services_topics_with_matching_partitions() -> None:
     compose = load_yaml(COMPOSE_YML)
     job = compose["services"]["kafka-topics"]

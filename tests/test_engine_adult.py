@@ -18,6 +18,8 @@ from stream_anon.core.loss import castle_record_loss, parse_generalization, summ
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.core.verify import verify_release_frame
 
+pytestmark = pytest.mark.slow  # whole-ADULT streams (32,561 records each): ~14 s of the fast tier's budget
+
 
 @pytest.fixture(scope="module")
 def adult(adult_path: Path) -> pd.DataFrame:

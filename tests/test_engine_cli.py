@@ -177,6 +177,7 @@ def test_keep_ids_layout_and_qi_subset_with_l(adult_path: Path, tmp_path: Path,
 
 
 # ------------------------------------------------------------------ regression: verify never guesses
+@pytest.mark.integration
 @pytest.mark.parametrize("keep_ids", [False, True], ids=["public", "with-ids"])
 def test_edited_release_without_sensitive_column_never_verifies_ok(adult_head: Path, tmp_path: Path,
                                                                    keep_ids: bool) -> None:
@@ -218,6 +219,7 @@ def test_edited_release_without_sensitive_column_never_verifies_ok(adult_head: P
     assert proc.returncode == 1 and f"class {victim!r}: 4 " in proc.stdout and "< k=5" in proc.stdout
 
 
+@pytest.mark.integration
 def test_verify_missing_input_names_the_flag_and_path(tmp_path: Path) -> None:
     missing = tmp_path / "missing.csv"
     line = one_line_error(cli("verify", "--input", str(missing), "--k", "5"), "verify")
@@ -225,6 +227,7 @@ def test_verify_missing_input_names_the_flag_and_path(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ duplicate record ids
+@pytest.mark.integration
 def test_anonymize_refuses_duplicate_record_ids_naming_the_rows(adult_head: Path, tmp_path: Path) -> None:
     df = read_adult(adult_head, check_count=False).iloc[:40]
     df.loc[16, "id"] = df.loc[2, "id"]  # rows 3 and 17
@@ -248,6 +251,7 @@ def _person_schema(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_duplicate_record_ids_of_one_person_are_counted_once(tmp_path: Path) -> None:
     schema = _person_schema(tmp_path)
     cities = ["Lyon", "Paris", "Rome", "Milan"]
@@ -339,6 +343,7 @@ def _files(tmp_path: Path) -> dict[str, Path]:
             "dir": tmp_path}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command, argv, fragments", [
     ("anonymize", ["--input", "{tmp}/nope.csv"], ["--input: file", "nope.csv' does not exist"]),
     ("anonymize", ["--input", "{dir}"], ["--input:", "is not a regular file"]),

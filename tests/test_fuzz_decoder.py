@@ -81,6 +81,7 @@ def report(title: str, counts: Counter[tuple[str, str]]) -> None:
     print("  outcomes: " + ", ".join(f"{o} {n:,}" for o, n in totals.most_common()), file=sys.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fuzz_adult_decoder_every_kind() -> None:
     messages = malformed_messages(20261124, N_ADULT, max_message_bytes=MAX_BYTES)
@@ -245,6 +246,7 @@ def test_hypothesis_any_bytes_give_one_outcome(value: bytes) -> None:
     outcome(SMALL_DECODER, FuzzMessage("hypothesis_bytes", value, []))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from([*GOOD, "x", "\ud800"]), json_values, max_size=20), st.booleans())
 def test_hypothesis_any_json_object_gives_one_outcome(obj: dict[str, Any], over_good: bool) -> None:

@@ -307,7 +307,7 @@ def read_adult_head(n: int) -> list[dict[str, Any]]:
             for row in df.itertuples(index=False, name=None)]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)  # before the module-scoped `stream`, whatever ran first
 def _adult(adult_path: Any) -> None:
     _ADULT_CACHE["path"] = adult_path
 

@@ -233,6 +233,7 @@ def test_perturb_and_estimate_any_csv_with_a_schema(visits: tuple[Path, Path, pd
     assert abs(age["estimated_mean"] - truth["age"].mean()) <= 4 * age["std_error"]
 
 
+@pytest.mark.integration
 def test_non_adult_csv_without_schema_says_what_it_needs(visits: tuple[Path, Path, pd.DataFrame],
                                                          tmp_path: Path) -> None:
     data, _, _ = visits
@@ -241,6 +242,7 @@ def test_non_adult_csv_without_schema_says_what_it_needs(visits: tuple[Path, Pat
     assert "required by schema 'adult' are missing" in line and "give --schema for another data set" in line
 
 
+@pytest.mark.integration
 def test_unknown_category_in_the_input_names_row_field_allowed_and_value(visits: tuple[Path, Path, pd.DataFrame],
                                                                          tmp_path: Path) -> None:
     data, schema, truth = visits
@@ -253,6 +255,7 @@ def test_unknown_category_in_the_input_names_row_field_allowed_and_value(visits:
     assert "'Lyon', 'Paris', 'Rome', 'Milan'" in line
 
 
+@pytest.mark.integration
 def test_estimate_refuses_reports_outside_the_public_domain(visits: tuple[Path, Path, pd.DataFrame],
                                                              tmp_path: Path) -> None:
     data, schema, _ = visits
@@ -267,6 +270,7 @@ def test_estimate_refuses_reports_outside_the_public_domain(visits: tuple[Path, 
     assert "row 42, column 'city': 'Atlantis' is not a possible report" in line and "'Lyon'" in line
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command, argv, fragments", [
     ("perturb", ["--mechanism", "krr", "--epsilon", "1", "--input", "{tmp}/nope.csv", "--output", "{tmp}/o.csv"],
      ["--input: file", "nope.csv' does not exist"]),
@@ -301,6 +305,7 @@ def test_operator_mistakes_give_one_line_and_exit_2(command: str, argv: list[str
         assert f in line, line
 
 
+@pytest.mark.integration
 def test_perturb_without_input_or_environment(tmp_path: Path) -> None:
     line = one_line_error(cli("perturb", "--mechanism", "krr", "--epsilon", "1", "--output", str(tmp_path / "o.csv"),
                               env_drop=("STREAM_ANON_ADULT",)), "perturb")

@@ -9,6 +9,7 @@ import pytest
 from stream_anon.bench import ldp_numeric
 
 
+@pytest.mark.slow
 def test_bench_quick_prints_measured_tables(adult_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = ldp_numeric.main(["--quick", "--runs", "2", "--adult", str(adult_path), "--skip", "mean", "select"])
     out = capsys.readouterr().out

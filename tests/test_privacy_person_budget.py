@@ -113,3 +113,19 @@ def test_bad_parameters() -> None:
         sketch.try_spend([1.5], 0.1)
     with pytest.raises(PrivacyParameterError, match="epsilon"):
         sketch.try_spend([1, 2], [0.1, -1.0])
+
+
+def test_the_fresh_refusal_rate_is_what_a_fresh_person_meets() -> None:
+    """A sketch filled by persons spending the whole cap: the rate it states for a fresh person is the measured
+    share of fresh persons it would refuse (within 4 binomial SEs; their estimates, nothing spent) and near the
+    partitioned-Bloom-filter formula (1 - e^(-n/width))^depth."""
+    width, depth, n = 4096, 3, 6000
+    sketch = PersonBudgetSketch(cap_epsilon=1.0, width=width, depth=depth, key=KEY)
+    assert sketch.fresh_refusal_rate(1.0) == 0.0
+    accepted = int(sketch.try_spend(list(range(n)), 1.0).sum())
+    rate = sketch.fresh_refusal_rate(1.0)
+    trials = 20_000
+    would_refuse = int((sketch.estimate([f"fresh-{i}" for i in range(trials)]) + 1.0 > 1.0 + 1e-9).sum())
+    se = (rate * (1 - rate) / trials) ** 0.5
+    assert abs(would_refuse / trials - rate) < 4 * se, (would_refuse / trials, rate)
+    assert rate == pytest.approx((1 - np.exp(-accepted / width)) ** depth, rel=0.1)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from replay_support import write_clinic
+from waiting import Deadline, wait_for
 
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
@@ -225,10 +226,9 @@ def clinic_service(broker, tmp_path: Path) -> Iterator[dict[str, Any]]:
              "--set", f"topics.suppressed={topics['suppressed']}", "--set", f"topics.dlq={topics['dlq']}",
              "--set", "kafka.session_timeout_ms=6000"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while "main path: consuming" not in log_path.read_text(errors="replace"):  # the service is subscribed
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
-            time.sleep(0.1)
+        wait_for(lambda: "main path: consuming" in log_path.read_text(errors="replace"), 60,
+                 "the service subscribed", alive=lambda: proc.poll() is None,
+                 context=lambda: log_path.read_text(errors="replace"))
         yield {"csv": csv_path, "schema": schema_path, "topics": topics, "proc": proc, "log": log_path}
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -252,10 +252,12 @@ def test_a_custom_schema_csv_goes_through_the_service_and_the_flush_releases_it_
     inputs = [m for m in _messages(broker.bootstrap_servers, topics["input"]) if not _is_flush_marker(m)]
     assert sorted(m.key.decode() for m in inputs) == [f"P{i:04d}" for i in range(40)]  # keyed by patient_ref
     accounted: dict[str, str] = {}
-    deadline = time.monotonic() + 90
+    deadline = Deadline(90, "the 40 records accounted in the ledger",
+                        context=lambda: clinic_service["log"].read_text(errors="replace"))
     while len(accounted) < 40:  # read from the ledger: the public class carries no record id
-        assert time.monotonic() < deadline and clinic_service["proc"].poll() is None, \
-            (accounted, clinic_service["log"].read_text(errors="replace")[-3000:])
+        service_log = clinic_service["log"].read_text(errors="replace")
+        assert clinic_service["proc"].poll() is None, service_log[-3000:]
+        deadline.check(last=accounted)
         snap = collect_outputs(broker.bootstrap_servers, input_topic=topics["input"], anon=topics["anon"],
                                suppressed=topics["suppressed"], dlq=topics["dlq"], qis=["age", "zip"],
                                sensitive=["diagnosis"], timeout_s=20, idle_s=0.3)

@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from config_support import hermetic_config
 from fuzz_support import KINDS, malformed_messages  # type: ignore[import-not-found]
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 from test_service_pipeline import BAD_INPUTS  # type: ignore[import-not-found]
+from waiting import wait_for
 
 from stream_anon.cli import main as cli_main
 from stream_anon.config.settings import Config
@@ -31,14 +33,14 @@ from stream_anon.service.audit import collect_outputs, partition_ends, send_flus
 
 def service_config(bs: str, prefix: str, **extra: object) -> Config:
     overrides: dict[str, object] = {
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": 5, "anonymization.delta": 100,
         "anonymization.seed": 1, "service.max_message_bytes": 2048, "service.commit_interval_ms": 200,
-        "service.metrics_port": 0, "side_paths.enabled": False,
+        "side_paths.enabled": False,
     }
     overrides.update(extra)
-    return Config.load(env={}, overrides=overrides)
+    return hermetic_config(bs, overrides)
 
 
 @pytest.mark.integration
@@ -78,12 +80,9 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path,
 
     n_bad = sum(expected_reasons.values())
     n_good = len(sent) - n_bad
-    deadline = time.monotonic() + 60
     t = main.totals
-    while t.released + t.suppressed + t.dead_lettered < len(sent):
-        assert th.is_alive(), "service stopped"
-        assert time.monotonic() < deadline, f"not drained: {t}"
-        time.sleep(0.1)
+    wait_for(lambda: t.released + t.suppressed + t.dead_lettered >= len(sent), 60,
+             "every record released, suppressed or dead-lettered", alive=th.is_alive, context=lambda: f"{t}")
     time.sleep(0.5)  # let the commit interval pass: the service keeps running
     assert th.is_alive()
     main.stop_event.set()
@@ -176,11 +175,8 @@ def test_poison_messages_among_valid_records_are_each_accounted_once(broker, adu
     producer.close()
 
     t = main.totals
-    deadline = time.monotonic() + 120
-    while t.released + t.suppressed + t.dead_lettered < len(stream):
-        assert th.is_alive(), "service stopped"
-        assert time.monotonic() < deadline, f"not drained: {t}"
-        time.sleep(0.1)
+    wait_for(lambda: t.released + t.suppressed + t.dead_lettered >= len(stream), 120,
+             "every record released, suppressed or dead-lettered", alive=th.is_alive, context=lambda: f"{t}")
     assert th.is_alive()
     main.stop_event.set()
     th.join(30)

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from waiting import wait_for
 
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
@@ -104,15 +105,6 @@ class Service:
         assert self.proc.poll() is None, f"service exited with {self.proc.returncode}:\n{self.text()[-4000:]}"
 
 
-def wait_for(what: str, cond: Callable[[], bool], service: Service, timeout_s: float) -> None:
-    """Poll ``cond`` (every 0.1 s) until true; fail if the service exits or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        service.assert_alive()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{service.text()[-4000:]}"
-        time.sleep(0.1)
-
-
 def committed(monitor: KafkaConsumer, topic: str) -> dict[int, int]:
     out = {}
     for p in range(PARTITIONS):
@@ -163,8 +155,8 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
         producer = KafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=True, linger_ms=5,
                                  request_timeout_ms=60000)
         try:
-            wait_for("the service to get its partitions", lambda: "assigned partitions [0, 1]" in service.text(),
-                     service, 60)
+            wait_for(lambda: "assigned partitions [0, 1]" in service.text(), 60,
+                     "the service to get its partitions", alive=service.assert_alive, context=service.text)
 
             # ---- phase 1: two outages while the service consumes a steady stream
             replayer = Replayer(phase1, topic, producer)
@@ -177,9 +169,11 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
                     return progress[0] >= n
                 return cond
 
-            wait_for("progress before outage 1", done_at_least(2000), service, 60)
+            wait_for(done_at_least(2000), 60, "progress before outage 1", alive=service.assert_alive,
+                     context=service.text)
             outages = [freeze(broker, FREEZE_S, service)]
-            wait_for("progress after outage 1", done_at_least(progress[0] + 2000), service, 90)
+            wait_for(done_at_least(progress[0] + 2000), 90, "progress after outage 1",
+                     alive=service.assert_alive, context=service.text)
             assert replayer.is_alive(), "the replay finished before the second outage: slow it down"
             outages.append(freeze(broker, FREEZE_S, service))
             replayer.join(120)
@@ -188,7 +182,8 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
             send_flush_markers(producer, topic, list(range(PARTITIONS)))
             counts = dict(replayer.partition_counts)
             end1 = {p: counts.get(p, 0) + 1 for p in range(PARTITIONS)}  # records + flush marker
-            wait_for("phase 1 drained", lambda: committed(monitor, topic) == end1, service, 90)
+            wait_for(lambda: committed(monitor, topic) == end1, 90, "phase 1 drained",
+                     alive=service.assert_alive, context=service.text)
 
             # ---- phase 2: outage while idle, then new records
             time.sleep(1.0)  # idle: nothing in flight, the group is stable
@@ -198,7 +193,8 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
             assert replayer2.failure is None and replayer2.acked == len(phase2), replayer2.failure
             send_flush_markers(producer, topic, list(range(PARTITIONS)))
             end2 = {p: end1[p] + replayer2.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
-            wait_for("phase 2 drained", lambda: committed(monitor, topic) == end2, service, 90)
+            wait_for(lambda: committed(monitor, topic) == end2, 90, "phase 2 drained",
+                     alive=service.assert_alive, context=service.text)
             service.assert_alive()  # never exited: no crash loop
 
             # ---- phase 3: records consumed (some released, the rest buffered), then the service is stopped
@@ -223,11 +219,13 @@ def test_broker_outage_loses_nothing_and_the_service_keeps_running(adult_path: P
             assert stop_rc in (0, 3), f"SIGTERM during an outage: exit {stop_rc} after {stop_seconds:.1f} s:\n" \
                                       f"{service.text()[-4000:]}"
             restarted = Service(service_cmd(bs, prefix, group), tmp_path / "service-restarted.log")
-            wait_for("the restarted service to get its partitions",
-                     lambda: "assigned partitions [0, 1]" in restarted.text(), restarted, 60)
+            wait_for(lambda: "assigned partitions [0, 1]" in restarted.text(), 60,
+                     "the restarted service to get its partitions", alive=restarted.assert_alive,
+                     context=restarted.text)
             send_flush_markers(producer, topic, list(range(PARTITIONS)))
             end3 = {p: end2[p] + replayer3.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
-            wait_for("phase 3 drained", lambda: committed(monitor, topic) == end3, restarted, 90)
+            wait_for(lambda: committed(monitor, topic) == end3, 90, "phase 3 drained",
+                     alive=restarted.assert_alive, context=restarted.text)
         finally:
             producer.close(timeout=10)
             monitor.close()

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from durable_broker import child_env, read_topic, topic_info
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from waiting import wait_for
 
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
@@ -88,19 +89,6 @@ def kill_leftover_services() -> Iterator[None]:
         if s.proc.poll() is None:
             s.proc.kill()
             s.proc.wait(timeout=30)
-
-
-def wait_for(what: str, cond: Callable[[], bool], service: Service | None, timeout_s: float) -> float:
-    """Poll ``cond`` every 0.1 s until true; fail if the service exits or after ``timeout_s``.  Returns the
-    seconds waited."""
-    t0 = time.monotonic()
-    while not cond():
-        if service is not None:
-            service.assert_alive()
-        assert time.monotonic() - t0 < timeout_s, (f"timed out after {timeout_s} s waiting for {what}"
-                                                   + (f":\n{service.text()[-5000:]}" if service else ""))
-        time.sleep(0.1)
-    return time.monotonic() - t0
 
 
 def committed(bs: str, group: str, topic: str) -> dict[int, int]:
@@ -201,17 +189,21 @@ def test_durable_broker_kill_9_three_times_with_the_service_running(durable_brok
     ends = preload(bs, topic, rows)
     service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}")),
                       tmp_path / "service.log")
-    wait_for("service up", lambda: "main path: consuming" in service.text(), service, 120)
+    wait_for(lambda: "main path: consuming" in service.text(), 120, "service up", alive=service.assert_alive,
+             context=service.text)
     figures = []
     for fraction in (0.2, 0.5, 0.8):
-        wait_for(f"{fraction:.0%} committed", lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows),
-                 service, 180)
+        wait_for(lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows), 180,
+                 f"{fraction:.0%} committed", alive=service.assert_alive, context=service.text)
         before = committed_total(bs, group, topic)
         t_restart = durable_broker.restart()  # kill -9, start again (same port, same storage)
-        resumed = wait_for("progress after the broker restart",
-                           lambda b=before: committed_total(bs, group, topic) > b, service, 180)
+        t0 = time.monotonic()
+        wait_for(lambda b=before: committed_total(bs, group, topic) > b, 180,
+                 "progress after the broker restart", alive=service.assert_alive, context=service.text)
+        resumed = time.monotonic() - t0
         figures.append((before, t_restart, resumed))
-    wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
+    wait_for(drained(bs, group, topic, ends), 240, "every partition drained", alive=service.assert_alive,
+             context=service.text)
     assert stop(service) == 0, service.text()[-5000:]
     text = service.text()
     assert not OWN_FRAME.search(text), text[-5000:]
@@ -238,8 +230,8 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
     extra = ("--set", f"kafka.producer_client={client}")
     for n, fraction in enumerate((0.3, 0.7)):
         service = Service(service_cmd(bs, prefix, group, extra), tmp_path / f"service-{n}.log")
-        wait_for(f"{fraction:.0%} committed", lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows),
-                 service, 240)
+        wait_for(lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows), 240,
+                 f"{fraction:.0%} committed", alive=service.assert_alive, context=service.text)
         before = committed_total(bs, group, topic)
         service.kill()
         durable_broker.kill()
@@ -247,9 +239,11 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
         figures.append(before)
     service = Service(service_cmd(bs, prefix, group, extra), tmp_path / "service-last.log")
     t0 = time.monotonic()
-    wait_for("progress after both restarts", lambda: committed_total(bs, group, topic) > figures[-1], service, 180)
+    wait_for(lambda: committed_total(bs, group, topic) > figures[-1], 180, "progress after both restarts",
+             alive=service.assert_alive, context=service.text)
     resumed = time.monotonic() - t0
-    wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
+    wait_for(drained(bs, group, topic, ends), 240, "every partition drained", alive=service.assert_alive,
+             context=service.text)
     assert stop(service) == 0, service.text()[-5000:]
     assert not OWN_FRAME.search(service.text())
     snap = check_exactly_once(bs, prefix, ends, adult)
@@ -271,7 +265,8 @@ def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: P
         replay_records(rows, topic, bs, partitions=PARTITIONS)  # no end marker: some records stay buffered
         service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}")),
                           tmp_path / "service.log")
-        wait_for("records committed", lambda: committed_total(bs, group, topic) >= 1000, service, 120)
+        wait_for(lambda: committed_total(bs, group, topic) >= 1000, 120, "records committed",
+                 alive=service.assert_alive, context=service.text)
         broker.restart()
         t0 = time.monotonic()
         while service.proc.poll() is None:
@@ -322,8 +317,8 @@ def test_a_broker_stalled_longer_than_the_producer_bound_recreates_the_producers
         # the freeze must find outputs waiting (not, e.g., a recovery retrying its reads): up to 4 freezes
         seen, mark, stuck_after, thawed = False, 0, 0.0, 0.0
         for attempt in range(4):
-            wait_for("progress", lambda a=attempt: committed_total(bs, group, topic) >= (0.15 + 0.15 * a) * len(rows),
-                     service, 180)
+            wait_for(lambda a=attempt: committed_total(bs, group, topic) >= (0.15 + 0.15 * a) * len(rows),
+                     180, "progress", alive=service.assert_alive, context=service.text)
             mark = service.log.stat().st_size
             with broker.frozen_for():
                 frozen = time.monotonic()
@@ -337,9 +332,11 @@ def test_a_broker_stalled_longer_than_the_producer_bound_recreates_the_producers
                 stuck_after = thawed - frozen
                 break
         assert seen, f"no freeze found the producers waiting:\n{service.text()[-5000:]}"
-        wait_for("the partitions recovered", lambda: "producers created anew" in service.text()[mark:], service, 120)
+        wait_for(lambda: "producers created anew" in service.text()[mark:], 120, "the partitions recovered",
+                 alive=service.assert_alive, context=service.text)
         recovered = time.monotonic() - thawed
-        wait_for("every partition drained", drained(bs, group, topic, ends), service, 240)
+        wait_for(drained(bs, group, topic, ends), 240, "every partition drained", alive=service.assert_alive,
+                 context=service.text)
         assert stop(service) == 0, service.text()[-5000:]
         text = service.text()
         assert not OWN_FRAME.search(text), text[-5000:]

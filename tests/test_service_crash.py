@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from waiting import Deadline, wait_for
 
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
@@ -104,11 +105,9 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
         if mode == "early":
             time.sleep(value)
         else:
-            deadline = time.monotonic() + 90
-            while sum(committed(monitor, topic).values()) < value * total:
-                assert proc.poll() is None, f"service exited early: {logs[-1].read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "no progress"
-                time.sleep(0.05)
+            wait_for(lambda v=value: sum(committed(monitor, topic).values()) >= v * total, 90,
+                     f"{value:.0%} of the records committed", interval=0.05,
+                     alive=lambda p=proc: p.poll() is None, context=logs[-1].read_text)
             time.sleep(float(rng.uniform(0.0, 0.3)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -122,15 +121,13 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
     # final run: until every partition's watermark reached its end (records + flush marker)
     proc = start(len(schedule))
     counts = stats.partition_counts
-    deadline = time.monotonic() + 120
-    while "main path: consuming" not in logs[-1].read_text():  # up (signal handlers installed)
-        assert proc.poll() is None, f"service exited: {logs[-1].read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "service did not start"
-        time.sleep(0.1)
-    while committed(monitor, topic) != {p: counts.get(p, 0) + 1 for p in range(PARTITIONS)}:
-        assert proc.poll() is None, f"service exited: {logs[-1].read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"not drained: {committed(monitor, topic)} vs {counts}"
-        time.sleep(0.2)
+    deadline = Deadline(120, "the final run")
+    wait_for(lambda: "main path: consuming" in logs[-1].read_text(), deadline.remaining,  # signal handlers in
+             "the service up", alive=lambda: proc.poll() is None, context=logs[-1].read_text)
+    ends = {p: counts.get(p, 0) + 1 for p in range(PARTITIONS)}
+    wait_for(lambda: committed(monitor, topic) == ends, deadline.remaining,
+             f"every partition committed to {ends}", interval=0.2, alive=lambda: proc.poll() is None,
+             context=logs[-1].read_text)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     monitor.close()

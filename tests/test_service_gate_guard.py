@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_support import hermetic_config
 from faulty_engines import NarrowingEngine, RaisingEngine, SplitClassesEngine  # type: ignore[import-not-found]
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
@@ -49,12 +51,12 @@ K = 5
 
 
 def config(bs: str, prefix: str) -> Config:
-    return Config.load(env={}, overrides={
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+    return hermetic_config(bs, {
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": K, "anonymization.delta": 100,
-        "anonymization.l": "null", "anonymization.t_closeness": "null", "anonymization.seed": 1, "service.commit_interval_ms": 200,
-        "service.metrics_port": 0, "side_paths.enabled": False, "service.workers": 0})
+        "anonymization.l": "null", "anonymization.t_closeness": "null", "anonymization.seed": 1,
+        "service.commit_interval_ms": 200, "side_paths.enabled": False, "service.workers": 0})
 
 
 def run_main(cfg: Config, produce: Callable[[KafkaProducer], int], *,
@@ -73,11 +75,8 @@ def run_main(cfg: Config, produce: Callable[[KafkaProducer], int], *,
     send_flush_markers(producer, cfg.topics.input, [0, 1])
     producer.close()
     t = main.totals
-    deadline = time.monotonic() + 90
-    while t.released + t.suppressed + t.dead_lettered < n or t.control < 2:
-        assert th.is_alive(), "the service stopped"
-        assert time.monotonic() < deadline, f"not drained: {t}"
-        time.sleep(0.1)
+    wait_for(lambda: t.released + t.suppressed + t.dead_lettered >= n and t.control >= 2, 90,
+             "every record accounted and both end markers", alive=th.is_alive, context=lambda: f"{t}")
     time.sleep(0.5)  # a commit interval: the service keeps running
     assert th.is_alive()
     main.stop_event.set()

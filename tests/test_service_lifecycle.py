@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from waiting import wait_for
 
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.kafka_io.broker import EmbeddedBroker
@@ -75,14 +76,6 @@ def cmdline(pid: int) -> str:
         return "?"
 
 
-def wait_for(what: str, fn: object, timeout: float, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not fn():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"\n{log.read_text()[-3000:]}" if log else ""))
-        time.sleep(0.1)
-
-
 def start_run(log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     """``stream-anon run`` in its own session (so a test can signal its process group like a terminal does)."""
     cmd = [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--metrics-port", "0",
@@ -104,7 +97,7 @@ def embedded_bootstrap(log: Path, proc: subprocess.Popen[bytes]) -> str:
             return True
         return False
 
-    wait_for("embedded broker and partitions assigned", ready, 120, log)
+    wait_for(ready, 120, "embedded broker and partitions assigned", context=log.read_text)
     return found[0]
 
 
@@ -137,7 +130,8 @@ def test_stop_is_fast_and_clean(adult_path: Path, tmp_path: Path, how: str, brok
         if broker_state == "frozen":  # stalled while the service is busy with what was just replayed
             os.kill(tansu, signal.SIGSTOP)
         else:
-            wait_for("records consumed", lambda: "partition 0: starting at offset" in log.read_text(), 60, log)
+            wait_for(lambda: "partition 0: starting at offset" in log.read_text(), 60, "records consumed",
+                     context=log.read_text)
         t0 = time.monotonic()
         if how == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
@@ -156,7 +150,8 @@ def test_stop_is_fast_and_clean(adult_path: Path, tmp_path: Path, how: str, brok
         assert rc == 0 if broker_state == "up" else rc in (0, 3), text[-4000:]
         assert "Traceback" not in text, text[-6000:]
         assert "main path stopped" in text
-        wait_for("every process of the tree gone", lambda: not any(alive(p) for p in tree), 10, log)
+        wait_for(lambda: not any(alive(p) for p in tree), 10, "every process of the tree gone",
+                 context=log.read_text)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -201,7 +196,8 @@ def test_kill_9_leaves_no_orphans_and_the_side_topic_stops_growing(broker, adult
                            *sets])
     try:
         krr = f"{prefix}.krr"
-        wait_for("side paths publishing", lambda: "side paths: consuming" in log.read_text(), 120, log)
+        wait_for(lambda: "side paths: consuming" in log.read_text(), 120, "side paths publishing",
+                 context=log.read_text)
         # input keeps arriving during and after the kill (~30 s at 1,000 records/s): an orphan would go on with it
         outcome: list[object] = []
 
@@ -214,15 +210,15 @@ def test_kill_9_leaves_no_orphans_and_the_side_topic_stops_growing(broker, adult
         replay = threading.Thread(target=replay_input, daemon=True)
         replay.start()
         counter = TopicCounter(bs, krr)
-        wait_for("side topic growing", lambda: counter.count() > 0, 120, log)
+        wait_for(lambda: counter.count() > 0, 120, "side topic growing", context=log.read_text)
         tree = descendants(proc.pid)
         kinds = " ".join(cmdline(p) for p in tree)
         assert len(tree) >= 4 and "resource_tracker" in kinds, {p: cmdline(p) for p in tree}  # 2 workers, side, tracker
         assert replay.is_alive(), f"the replay ended before the kill: {outcome}"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        wait_for("every child of the killed service gone", lambda: not any(alive(p) for p in tree), GONE_SECONDS,
-                 log)
+        wait_for(lambda: not any(alive(p) for p in tree), GONE_SECONDS,
+                 "every child of the killed service gone", context=log.read_text)
         gone_at = counter.count()
         assert gone_at < len(records)
         replay.join(60)
@@ -246,7 +242,8 @@ def test_kill_9_takes_the_embedded_broker_along(tmp_path: Path) -> None:
         tansu = broker_pid(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        wait_for("embedded broker and every child gone", lambda: not any(alive(p) for p in tree), GONE_SECONDS)
+        wait_for(lambda: not any(alive(p) for p in tree), GONE_SECONDS,
+                 "embedded broker and every child gone")
         assert not alive(tansu)
     finally:
         if proc.poll() is None:
@@ -266,9 +263,9 @@ def test_a_replay_whose_broker_goes_away_ends_with_one_line_no_traceback(adult_p
                                 text=True)
         consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None,
                                  auto_offset_reset="earliest")
-        wait_for("the topic", lambda: bool(consumer.partitions_for_topic("adult.raw")), 60)
+        wait_for(lambda: bool(consumer.partitions_for_topic("adult.raw")), 60, "the topic")
         consumer.assign([TopicPartition("adult.raw", p) for p in sorted(consumer.partitions_for_topic("adult.raw"))])
-        wait_for("records arriving (the replay is sending)", lambda: bool(consumer.poll(200)), 60)
+        wait_for(lambda: bool(consumer.poll(200)), 60, "records arriving (the replay is sending)")
         consumer.close()
         broker.kill()  # the broker goes away mid-replay (kill -9)
         out, err = proc.communicate(timeout=200)  # the tool's flush waits 60 s for acknowledgements, then gives up

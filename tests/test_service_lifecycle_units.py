@@ -17,6 +17,7 @@ import pytest
 from kafka.errors import KafkaTimeoutError
 from prometheus_client import CollectorRegistry
 from test_service_broker_outage import BACK, OUTAGE  # type: ignore[import-not-found]
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.broker import free_port
@@ -33,10 +34,7 @@ def test_stop_clock_gives_up_only_after_the_grace() -> None:
     assert not clock.give_up() and clock.remaining() == 0.3  # not stopping: never gives up
     ev.set()
     assert not clock.give_up()  # the first look starts the grace
-    deadline = time.monotonic() + 10
-    while not clock.give_up():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(clock.give_up, 10, "the stop clock to give up after its 0.3 s grace", interval=0.01)
     assert clock.remaining() == 0.0
 
 
@@ -70,10 +68,7 @@ def test_healthz_answers_from_the_heartbeat_and_metrics_stay_on_the_endpoint() -
     serve_metrics(registry, port, health=beat.health)
     status, body = _get(f"http://127.0.0.1:{port}/healthz")
     assert status == 200 and body.startswith("ok: main loop ticked"), body
-    deadline = time.monotonic() + 10
-    while beat.age() <= 0.2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: beat.age() > 0.2, 10, "the heartbeat older than its 0.2 s stall bound", interval=0.05)
     status, body = _get(f"http://127.0.0.1:{port}/healthz")
     assert status == 503 and "service.healthz_stall_seconds = 0.2" in body, body
     beat.tick()
@@ -82,6 +77,7 @@ def test_healthz_answers_from_the_heartbeat_and_metrics_stay_on_the_endpoint() -
     assert status == 200 and "stream_anon_seconds_since_progress 0.0" in body
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_a_child_dies_with_its_parent() -> None:
     r, w = os.pipe()
@@ -101,16 +97,14 @@ def test_a_child_dies_with_its_parent() -> None:
     child = int(os.read(r, 32).decode())
     os.close(r)
     os.waitpid(middle, 0)
-    deadline = time.monotonic() + 20
-    while True:  # reparented to init (or a subreaper): gone or a zombie once killed
+
+    def gone_or_zombie() -> bool:  # reparented to init (or a subreaper): gone or a zombie once killed
         try:
-            state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+            return open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
         except OSError:
-            break
-        if state == "Z":
-            break
-        assert time.monotonic() < deadline, "the child outlived its parent"
-        time.sleep(0.05)
+            return True
+
+    wait_for(gone_or_zombie, 20, "the child to die with its parent", interval=0.05)
 
 
 class _SilentGuard:

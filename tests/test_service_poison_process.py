@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from fuzz_support import RawHeaderKey  # type: ignore[import-not-found]
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from waiting import Deadline, wait_for
 
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
@@ -83,10 +84,8 @@ def service(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFact
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     text = lambda: log_path.read_text(errors="replace")  # noqa: E731
     try:
-        deadline = time.monotonic() + 120
-        while not ("main path: consuming" in text() and "side paths: consuming" in text()):
-            assert proc.poll() is None and time.monotonic() < deadline, text()[-3000:]
-            time.sleep(0.1)
+        wait_for(lambda: "main path: consuming" in text() and "side paths: consuming" in text(), 120,
+                 "the main and side paths consuming", alive=lambda: proc.poll() is None, context=text)
         adult = [r for _, r in zip(range(200), iter_adult_records(adult_path), strict=False)]
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", max_request_size=4 << 20)
         yield {"proc": proc, "log": text, "topics": topics, "group": group, "adult": adult, "producer": producer,
@@ -127,7 +126,8 @@ def test_poison_message_is_accounted_and_the_service_keeps_running(service: dict
     marker_at = _send(svc, b"", [(CONTROL_HEADER, CONTROL_FLUSH)])
     qis = [a.name for a in adult_schema().qis]
     t = svc["topics"]
-    deadline = time.monotonic() + 90
+    deadline = Deadline(90, f"the outcomes of {name} and of the valid record after it, and the side paths "
+                            f"past it", context=svc["log"])
     while True:
         assert svc["proc"].poll() is None, f"the service exited on {name}:\n{svc['log']()[-3000:]}"
         snap = collect_outputs(svc["bs"], input_topic=t["input"], anon=t["anon"], suppressed=t["suppressed"],
@@ -136,8 +136,7 @@ def test_poison_message_is_accounted_and_the_service_keeps_running(service: dict
         side_done = _side_committed(svc) > marker_at
         if poison_at in outcome and valid_at in outcome and side_done:
             break
-        assert time.monotonic() < deadline, (name, outcome.get(poison_at), outcome.get(valid_at), side_done,
-                                             svc["log"]()[-3000:])
+        deadline.check(last=(outcome.get(poison_at), outcome.get(valid_at), side_done))
         time.sleep(0.2)
     if reason is None:
         assert outcome[poison_at][0] in ("released", "suppressed"), outcome[poison_at]

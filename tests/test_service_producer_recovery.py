@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaProducer
 from kafka.errors import FencedInstanceIdError
 from producer_support import Fault, UnconfirmingTransport
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
@@ -51,14 +53,14 @@ def stop_leftover_services() -> Iterator[None]:
 
 
 def config(bs: str, prefix: str) -> Config:
-    return Config.load(env={}, overrides={
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+    return hermetic_config(bs, {
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": K, "anonymization.delta": 100,
-        "anonymization.seed": 1, "service.commit_interval_ms": 200, "service.metrics_port": 0,
-        "side_paths.enabled": False, "service.workers": 0, "kafka.linger_ms": 5,
-        "kafka.max_poll_records": 200, "release.tick_seconds": 0})  # (the faults count batches: one per poll batch;
-    # a failure while classes wait for their release tick: tests/test_service_ticks.py)
+        "anonymization.seed": 1, "service.commit_interval_ms": 200, "side_paths.enabled": False,
+        "service.workers": 0, "kafka.linger_ms": 5, "kafka.max_poll_records": 200,
+        "release.tick_seconds": 0})  # (the faults count batches: one per poll batch; a failure while classes wait
+    # for their release tick: tests/test_service_ticks.py)
 
 
 def patch_clients(monkeypatch: pytest.MonkeyPatch, fault: Fault) -> list[UnconfirmingTransport]:
@@ -95,11 +97,9 @@ def drain_and_stop(main: MainPath, th: threading.Thread, rc: list[int], cfg: Con
                    timeout_s: float) -> None:
     """Wait (deadline ``timeout_s``) until both end markers arrived and the ledger accounts ``n`` records, then stop
     the service: it must exit 0."""
-    deadline = time.monotonic() + timeout_s
-    while main.totals.control < 2 or len(snapshot(cfg).records) < n:
-        assert th.is_alive(), f"the service stopped with {rc}"
-        assert time.monotonic() < deadline, f"not drained: {main.totals}"
-        time.sleep(0.5)
+    wait_for(lambda: main.totals.control >= 2 and len(snapshot(cfg).records) >= n, timeout_s,
+             f"both end markers and {n} records in the ledger", interval=0.5, alive=th.is_alive,
+             context=lambda: f"{main.totals}, exit {rc}")
     main.stop_event.set()
     th.join(60)
     assert rc == [0]
@@ -228,11 +228,8 @@ def test_failures_with_progress_between_them_never_end_the_run(
                           partition=n % 2)
             n += 1
         producer.flush()
-        deadline = time.monotonic() + 60
-        while main.commits_made == before:
-            assert th.is_alive(), f"the service stopped with {rc}"
-            assert time.monotonic() < deadline, f"no progress after {n} records: {main.totals}"
-            time.sleep(0.1)
+        wait_for(lambda b=before: main.commits_made != b, 60, f"a commit after {n} records",
+                 alive=th.is_alive, context=lambda: f"{main.totals}, exit {rc}")
     send_flush_markers(producer, cfg.topics.input, [0, 1])
     producer.close()
     t = main.totals
@@ -312,10 +309,8 @@ def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
     th.start()
     assert main.ready.wait(30)
     send_adult(adult_path, cfg.topics.input, bs, N)
-    deadline = time.monotonic() + 60
-    while main.totals.control < 2:  # drained once; then the polls fail
-        assert th.is_alive() and time.monotonic() < deadline, f"not drained: {main.totals} {rc}"
-        time.sleep(0.1)
+    wait_for(lambda: main.totals.control >= 2, 60, "both end markers (drained once; then the polls fail)",
+             alive=th.is_alive, context=lambda: f"{main.totals}, exit {rc}")
     t_fail[0] = time.monotonic()
     if for_good:
         th.join(60)
@@ -330,10 +325,8 @@ def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
             assert th.is_alive(), f"the service stopped with {rc}"
             time.sleep(0.1)
         send_flush_markers_again(bs, cfg.topics.input)
-        deadline = time.monotonic() + 60
-        while main.totals.control < 4:  # it polls again: the new markers are consumed
-            assert th.is_alive() and time.monotonic() < deadline, f"no progress after the failures: {main.totals}"
-            time.sleep(0.1)
+        wait_for(lambda: main.totals.control >= 4, 60, "the new end markers consumed (it polls again)",
+                 alive=th.is_alive, context=lambda: f"{main.totals}, exit {rc}")
         main.stop_event.set()
         th.join(60)
         assert rc == [0]

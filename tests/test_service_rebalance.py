@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
-from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
@@ -33,11 +33,11 @@ def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker,
     bs = broker.bootstrap_servers
     prefix = f"reb{uuid.uuid4().hex[:6]}"
     overrides = {
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
-        "kafka.max_poll_records": 200, "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon",
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000, "kafka.max_poll_records": 200,
+        "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon",
         "topics.suppressed": f"{prefix}.suppressed", "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2,
         "anonymization.k": K, "anonymization.delta": 300, "anonymization.seed": 3,
-        "service.commit_interval_ms": 100, "service.metrics_port": 0, "side_paths.enabled": False,
+        "service.commit_interval_ms": 100, "side_paths.enabled": False,
     }
     ensure_topic(bs, f"{prefix}.raw", 2)
     records = [r for i, r in zip(range(8000), iter_adult_records(adult_path), strict=False)]
@@ -52,7 +52,7 @@ def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker,
     members: list[tuple[MainPath, threading.Thread]] = []
 
     def start() -> MainPath:
-        m = MainPath(Config.load(env={}, overrides=overrides), metrics=ServiceMetrics(CollectorRegistry()))
+        m = MainPath(hermetic_config(bs, overrides), metrics=ServiceMetrics(CollectorRegistry()))
         th = threading.Thread(target=m.run, daemon=True)
         th.start()
         members.append((m, th))
@@ -60,10 +60,8 @@ def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker,
 
     send(records[:4000])
     a = start()
-    deadline = time.monotonic() + 60
-    while a.totals.consumed < 2000:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: a.totals.consumed >= 2000, 60, "the first member mid-stream (2,000 records consumed)",
+             interval=0.05)
     b = start()  # joins: the group rebalances while A is mid-stream
     assert b.assigned.wait(60)
     send(records[4000:])
@@ -72,10 +70,9 @@ def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker,
 
     monitor = KafkaConsumer(bootstrap_servers=bs, group_id=f"{prefix}-main", enable_auto_commit=False)
     ends = {0: 4001, 1: 4001}  # ids end in 0..9: even/odd split, 4000 records + 1 marker per partition
-    deadline = time.monotonic() + 90
-    while {p: monitor.committed(TopicPartition(f"{prefix}.raw", p)) for p in (0, 1)} != ends:
-        assert time.monotonic() < deadline, [m.totals for m, _ in members]
-        time.sleep(0.2)
+    wait_for(lambda: {p: monitor.committed(TopicPartition(f"{prefix}.raw", p)) for p in (0, 1)} == ends, 90,
+             f"both partitions committed to their ends {ends}", interval=0.2,
+             context=lambda: f"{[m.totals for m, _ in members]}")
     monitor.close()
     owned_a, owned_b = set(a.states), set(b.states)
     for m, th in members:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry, Histogram
+from waiting import Deadline, wait_for
 
-from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.kafka_io.broker import free_port
 from stream_anon.metrics.definitions import BulkHistogram, ServiceMetrics
@@ -44,16 +45,13 @@ def test_run_without_bootstrap_servers_starts_and_stops_an_embedded_broker(tmp_p
     log = tmp_path / "run.log"
     proc = subprocess.Popen([sys.executable, "-m", "stream_anon", "run", "--metrics-port", "0", "--no-side-paths"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    port = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def embedded_port() -> int | None:
         m = re.search(r"embedded Tansu broker on 127\.0\.0\.1:(\d+)", log.read_text())
-        if m and "main path: consuming" in log.read_text():
-            port = int(m.group(1))
-            break
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.1)
-    assert port is not None, log.read_text()
+        return int(m.group(1)) if m and "main path: consuming" in log.read_text() else None
+
+    port = wait_for(embedded_port, 60, "the embedded broker and the main path consuming",
+                    alive=lambda: proc.poll() is None, context=log.read_text)
     assert _port_open(port)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, log.read_text()[-2000:]
@@ -84,8 +82,8 @@ def test_metrics_endpoint_on_loopback_reports_the_flow(broker, adult_path: Path)
     bs = broker.bootstrap_servers
     prefix = f"met{uuid.uuid4().hex[:6]}"
     port = free_port()
-    cfg = Config.load(env={}, overrides={
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+    cfg = hermetic_config(bs, {
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "anonymization.k": 5, "anonymization.delta": 200, "anonymization.seed": 2,
         "service.metrics_port": port, "service.commit_interval_ms": 100, "side_paths.enabled": False})
@@ -104,17 +102,16 @@ def test_metrics_endpoint_on_loopback_reports_the_flow(broker, adult_path: Path)
     producer.send(cfg.topics.input, value=b"{not json")
     send_flush_markers(producer, cfg.topics.input, [0])
     producer.close()
-    deadline = time.monotonic() + 60
-    while main.committed.get(0) != n + 2:
-        assert time.monotonic() < deadline and th.is_alive(), main.totals
-        time.sleep(0.1)
+    deadline = Deadline(60, "the records and both markers committed, and the position gauges following")
+    wait_for(lambda: main.committed.get(0) == n + 2, deadline.remaining, "every record and marker committed",
+             alive=th.is_alive, context=lambda: f"{main.totals}")
     topic = cfg.topics.input
     position = (f'stream_anon_commit_watermark{{partition="0",topic="{topic}"}} {float(n + 2)}',
                 f'stream_anon_consumer_lag{{partition="0",topic="{topic}"}} 0.0')
     # the position gauges follow the commit once per commit interval: scrape until they show it (or the deadline)
     while True:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        if all(line in body.splitlines() for line in position) or time.monotonic() > deadline:
+        if all(line in body.splitlines() for line in position) or deadline.expired():
             break
         time.sleep(0.05)
     main.stop_event.set()
@@ -180,12 +177,11 @@ def test_bulk_histogram_counts_what_observe_counts() -> None:
 def test_idle_flush_releases_a_quiet_partition(broker, adult_path: Path, workers: int) -> None:
     bs = broker.bootstrap_servers
     prefix = f"idle{uuid.uuid4().hex[:6]}"
-    cfg = Config.load(env={}, overrides={
-        "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
+    cfg = hermetic_config(bs, {
+        "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "anonymization.k": 5, "anonymization.delta": 500, "anonymization.seed": 2,
-        "service.idle_flush_seconds": 0.5, "service.workers": workers, "service.metrics_port": 0,
-        "side_paths.enabled": False})
+        "service.idle_flush_seconds": 0.5, "service.workers": workers, "side_paths.enabled": False})
     main = MainPath(cfg)
     th = threading.Thread(target=main.run, daemon=True)
     th.start()
@@ -198,13 +194,11 @@ def test_idle_flush_releases_a_quiet_partition(broker, adult_path: Path, workers
         producer.send(cfg.topics.input, key=rec["id"].encode(), value=json.dumps(rec).encode())
     producer.close()
     t = main.totals
-    deadline = time.monotonic() + 60
-    while t.released + t.suppressed < n:
-        assert time.monotonic() < deadline and th.is_alive(), t
-        time.sleep(0.1)
+    deadline = Deadline(60, "the idle flush")
+    wait_for(lambda: t.released + t.suppressed >= n, deadline.remaining,
+             "every record released or suppressed", alive=th.is_alive, context=lambda: f"{t}")
     assert t.released + t.suppressed == n and t.released >= 5
-    while main.committed.get(0) != n:
-        assert time.monotonic() < deadline, main.committed
-        time.sleep(0.1)
+    wait_for(lambda: main.committed.get(0) == n, deadline.remaining, "every record committed",
+             context=lambda: f"{main.committed}")
     main.stop_event.set()
     th.join(30)

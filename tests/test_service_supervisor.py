@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from config_support import hermetic_config
 from prometheus_client import CollectorRegistry
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -26,11 +28,10 @@ pytestmark = pytest.mark.integration
 
 def _config(bootstrap: str) -> Config:
     tag = f"sup{uuid.uuid4().hex[:6]}"
-    options: dict[str, Any] = {"kafka.bootstrap_servers": bootstrap, "kafka.group_id": f"{tag}-main",
-                               "kafka.session_timeout_ms": 6000, "service.side_metrics_port": 0}
+    options: dict[str, Any] = {"kafka.group_id": f"{tag}-main", "kafka.session_timeout_ms": 6000}
     for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
         options[f"topics.{name}"] = f"{tag}.{name}"
-    return Config.load(env={}, overrides=options)
+    return hermetic_config(bootstrap, options)
 
 
 def _alive(pid: int) -> bool:
@@ -50,12 +51,12 @@ def test_side_process_reports_and_stops_when_asked(broker: Any) -> None:
     side = SidePaths(_config(broker.bootstrap_servers), ServiceMetrics(CollectorRegistry()), stop)
     assert side.mode == "process" and side._process is not None
     assert side._process.daemon is False  # stopped explicitly, never by multiprocessing's daemon clean-up
-    deadline = time.monotonic() + 60
-    summary = side.progress()
-    while summary is None or not summary["group_id"]:
-        assert side.alive and time.monotonic() < deadline, summary
-        time.sleep(0.1)
+
+    def reported() -> dict[str, Any] | None:
         summary = side.progress()
+        return summary if summary is not None and summary["group_id"] else None
+
+    summary = wait_for(reported, 60, "the side-path process to report its group", alive=lambda: side.alive)
     assert summary["group_id"].endswith("-main-ldp") and summary["error"] is None
     stop.set()
     final = side.stop(timeout=30)
@@ -93,10 +94,7 @@ def test_side_process_stops_on_its_own_when_the_service_dies(broker: Any, tmp_pa
         time.sleep(2.0)  # let it start its clients (any moment would do)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        deadline = time.monotonic() + 60
-        while _alive(child):
-            assert time.monotonic() < deadline, f"side-path process {child} still running after its parent died"
-            time.sleep(0.1)
+        wait_for(lambda: not _alive(child), 60, f"side-path process {child} to stop after its parent died")
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from config_support import hermetic_config
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from producer_support import Fault
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from test_service_producer_recovery import N as N_RECOVERY
 from test_service_producer_recovery import config as recovery_config
 from test_service_producer_recovery import drain_and_stop, patch_clients, send_adult, snapshot
+from waiting import wait_for
 
 from stream_anon.config.settings import DEFAULT_TICK_SECONDS, Config, ConfigError
 from stream_anon.formats.messages import OutputMessage
@@ -189,8 +191,7 @@ def test_the_option_has_a_safe_default_and_is_checked_at_load() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("client", PRODUCER_CLIENTS)
 def test_the_broker_keeps_the_tick_timestamp_given_by_either_client(broker: Any, client: str) -> None:
-    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": broker.bootstrap_servers,
-                                         "kafka.producer_client": client})
+    cfg = hermetic_config(broker, {"kafka.producer_client": client})
     topic = f"tick{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)  # the service's producers never create topics
     admin.create_topics([NewTopic(topic, 1, 1)])
@@ -211,18 +212,23 @@ def test_the_broker_keeps_the_tick_timestamp_given_by_either_client(broker: Any,
 
 
 def _read(bs: str, topic: str, n: int, partitions: int = 1) -> Sequence[Any]:
-    """The first ``n`` messages of ``topic`` (waiting for them up to a deadline)."""
+    """The first ``n`` messages of ``topic`` (waiting for them)."""
     consumer = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
     for tp in tps:
         consumer.seek(tp, 0)
     got: list[Any] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
+
+    def enough() -> bool:
         for msgs in consumer.poll(timeout_ms=500).values():
-            got += msgs
-    consumer.close()
+            got.extend(msgs)
+        return len(got) >= n
+
+    try:
+        wait_for(enough, 60, f"{n} messages on {topic}", interval=0)
+    finally:
+        consumer.close()
     return got
 
 

@@ -1,6 +1,7 @@
 """The side app's batch logic with in-memory stand-ins for the consumer and producer (lists in, lists out):
 commit-before-perturb, retry after a failed commit, bad input counted, clipped (or dead-lettered, redacted),
-end-of-stream flush, budgets persisted before the outputs that spend them and restored at start."""
+end-of-stream flush, budgets persisted before the outputs that spend them and restored at start, copies held in
+mixing windows (released shuffled, all topics together, one timestamp; at a partition's end and at a clean stop)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaError
@@ -18,7 +20,7 @@ from producer_support import MemoryTransport
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
-from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
+from stream_anon.config.side_paths import KMeansConfig, MixingConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.formats.messages import OutputMessage
@@ -60,6 +62,9 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         return {TopicPartition("adult.raw", p) for p in self.partitions}
 
+    def close(self, timeout_ms: int = 0) -> None:
+        return None
+
 
 class Producer(OutputProducer):
     """The real producer over a :class:`MemoryTransport`; ``sent`` lists what reached the transport as
@@ -74,6 +79,10 @@ class Producer(OutputProducer):
         """What reached the transport; ``kind`` = the ``kind`` header, else the topic's last name part."""
         return [OutputMessage(dict(m.headers)["kind"].decode() if m.headers else m.topic.rsplit(".", 1)[-1],
                               m.topic, m.partition, m.key, m.value, tuple(m.headers)) for m in self.memory.sent]
+
+    def timestamps(self, kind: str) -> list[int | None]:
+        """The Kafka timestamps of the messages of ``kind`` sent (None: the send time)."""
+        return [m.timestamp_ms for m, o in zip(self.memory.sent, self.sent, strict=True) if o.kind == kind]
 
 
 class MemoryStore(BudgetTopic):
@@ -130,7 +139,8 @@ def messages(recs: list[dict[str, Any]], start: int = 0) -> list[Msg]:
     return [Msg(start + i, json.dumps(r).encode(), r["id"].encode()) for i, r in enumerate(recs)]
 
 
-SIDE = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(window=250))
+SIDE = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(window=250),
+                      mixing=MixingConfig(records=1))  # every batch's copies leave with it (windows: tests below)
 
 
 def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(records: list[dict[str, Any]]) -> None:
@@ -153,11 +163,13 @@ def test_commit_comes_before_perturbation_and_a_failed_commit_rereads_the_batch(
                                              {"topic": "adult.krr"}) == 300
     assert metrics.registry.get_sample_value("stream_anon_side_records_consumed_total", {"topic": "adult.raw"}) == 300
     eps = app.processor.epsilon_per_record  # exact (tests/test_side_processor.py)
-    assert app.status.epsilon_spent == {"adult.kmeans": 1.0, "adult.krr": 300 * eps["adult.krr"],
-                                        "adult.rs": 300 * eps["adult.rs"], "adult.blap": 300 * eps["adult.blap"]}
-    # keys are the pseudonyms, never the record ids
+    assert app.status.summary()["epsilon_per_record"] == eps and "epsilon_spent" not in app.status.summary()
+    for topic, e in eps.items():  # the gauge: one record's eps (issue 20: no sum over records)
+        assert metrics.registry.get_sample_value("stream_anon_epsilon_per_record", {"topic": topic}) == e
+    # keys are the pseudonyms, never the record ids (in the window's random order)
     krr = [m for m in producer.sent if m.kind == "krr"]
-    assert [m.key for m in krr] == [record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:300]]
+    assert sorted(m.key for m in krr) == sorted(record_pseudonym(SECRET.encode(), r["id"]).encode()
+                                               for r in records[:300])
 
 
 def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[str, Any]]) -> None:
@@ -176,7 +188,7 @@ def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[st
     assert all(m.kind != "dlq" for m in producer.sent)
     assert app.processor.records_processed == 11  # the clipped record is perturbed
     clipped_key = record_pseudonym(SECRET.encode(), "clipped-1").encode()
-    assert [m.key for m in producer.sent if m.kind == "blap"][-1] == clipped_key
+    assert clipped_key in [m.key for m in producer.sent if m.kind == "blap"]
 
     skip = dataclasses.replace(SIDE, out_of_domain="skip")
     app_s, _, _ = make_app(skip, Consumer())
@@ -185,7 +197,7 @@ def test_bad_input_is_counted_not_dead_lettered_by_default(records: list[dict[st
     assert app_s.status.clipped == {}
 
     side = SidePathConfig(estimates_every=0, estimates_every_seconds=None, dead_letter=True,
-                          kmeans=KMeansConfig(enabled=False))
+                          kmeans=KMeansConfig(enabled=False), mixing=MixingConfig(records=1))
     app2, producer2, metrics2 = make_app(side, Consumer())
     app2._process(tp.partition, bad)
     dlq = [m for m in producer2.sent if m.topic == "adult.dlq"]
@@ -210,6 +222,68 @@ def test_end_of_stream_flush_waits_for_every_assigned_partition(records: list[di
     app._process(1, messages(records[300:600]) + [Msg(300, b"", headers=ctl)])
     est = [json.loads(m.value) for m in producer.sent if m.kind == "estimates"]
     km = [json.loads(m.value) for m in producer.sent if m.kind == "kmeans"]
-    assert {e["records_seen"] for e in est} == {600} and len(est) == 11
+    assert {e["records_seen"] for e in est} == {600} and len(est) == 9  # one per attribute
     assert len(km) == 1 and km[0]["n_records"] == 600  # the partial window, released at the end of the stream
     assert app.status.control == 2
+
+
+# ------------------------------------------------------------------------------------------ mixing windows
+MIXED = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(enabled=False),
+                       mixing=MixingConfig(records=500, seconds=3600.0))
+
+
+def test_copies_wait_for_their_window_then_leave_shuffled_with_the_release_time(records: list[dict[str, Any]]) -> None:
+    app, producer, _ = make_app(MIXED, Consumer())
+    app._process(0, messages(records[:300]))
+    assert [m for m in producer.sent if m.kind in ("krr", "rs", "blap")] == []  # 300 < 500: held
+    assert app.mixer.pending_records == 300
+    app._process(0, messages(records[300:600], start=300))
+    assert app.mixer.pending_records == 0 and app.status.mixing_windows == 1
+    expected = [record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:600]]
+    keys = {kind: [m.key for m in producer.sent if m.kind == kind] for kind in ("krr", "rs", "blap")}
+    for kind, k in keys.items():
+        assert sorted(k) == sorted(expected), kind  # every record once, on every topic
+        assert k != expected, kind  # not in arrival order (a uniform permutation of 600 is the identity w.p. 1/600!)
+        stamps = producer.timestamps(kind)
+        assert len(set(stamps)) == 1 and stamps[0] is not None  # one release time for the window
+    assert keys["krr"] != keys["rs"] != keys["blap"]  # an independent order per topic
+    # the position of a record's copy says nothing about its arrival: the rank correlation is near 0
+    rank = {key: i for i, key in enumerate(expected)}
+    pos = np.array([rank[key] for key in keys["krr"]], dtype=float)
+    r = float(np.corrcoef(pos, np.arange(600))[0, 1])
+    assert abs(r) < 4 / np.sqrt(600), r  # under a uniform permutation r has SD 1/sqrt(n - 1)
+
+
+def test_a_partition_end_and_a_clean_stop_release_the_open_windows_on_every_topic(
+        records: list[dict[str, Any]]) -> None:
+    app, producer, _ = make_app(MIXED, Consumer(partitions=(0, 1)))
+    ctl = [(CONTROL_HEADER, CONTROL_FLUSH)]
+    app._process(0, messages(records[:100]) + [Msg(100, b"", headers=ctl)])
+    app._process(1, messages(records[100:130]))
+    copies = [m for m in producer.sent if m.kind in ("krr", "rs", "blap")]
+    first = {record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[:100]}
+    assert len(copies) == 300 and {m.key for m in copies} == first  # partition 0 ended: its window left
+    app.status.ready.set()
+    app._shutdown()  # a clean stop: partition 1's window of 30 leaves too, on all three topics
+    late = [m for m in producer.sent if m.kind in ("krr", "rs", "blap")][300:]
+    assert len(late) == 90
+    for kind in ("krr", "rs", "blap"):
+        assert sorted(m.key for m in late if m.kind == kind) == \
+            sorted(record_pseudonym(SECRET.encode(), r["id"]).encode() for r in records[100:130])
+    assert app.mixer.pending_records == 0
+
+
+def test_a_window_leaves_when_its_first_record_is_old_enough(records: list[dict[str, Any]]) -> None:
+    side = dataclasses.replace(MIXED, mixing=MixingConfig(records=10_000, seconds=30.0))
+    app, producer, _ = make_app(side, Consumer())
+    now = [1000.0]
+    app.mixer.clock = lambda: now[0]
+    app.mixer.wall = lambda: 1_700_000_000.0 + now[0]
+    app._process(0, messages(records[:50]))
+    now[0] += 29.0
+    app._process(0, messages(records[50:80], start=50))
+    assert not [m for m in producer.sent if m.kind == "krr"]
+    now[0] += 1.0
+    app._publish([], 0, app.mixer.due())  # what the loop does after each poll
+    krr = [m for m in producer.sent if m.kind == "krr"]
+    assert len(krr) == 80 and set(producer.timestamps("krr")) == {int((1_700_000_000.0 + 1030.0) * 1000)}

@@ -40,6 +40,7 @@ from stream_anon.config.side_paths import (
     BLapConfig,
     KMeansConfig,
     KRRConfig,
+    PersonBudgetConfig,
     RSConfig,
     SidePathConfig,
     SideTopics,
@@ -60,10 +61,11 @@ TOPICS = SideTopics()
 CONFIGS = {
     "defaults": SidePathConfig(estimates_every=0, estimates_every_seconds=None),
     "non-default": SidePathConfig(
-        krr=KRRConfig(record_epsilon=2.0),  # 0.4 per attribute
+        krr=KRRConfig(record_epsilon=2.0),  # 0.5 per attribute
         rs=RSConfig(l=2, variant="no-repeat", epsilon=0.8),
         blap=BLapConfig(epsilon=0.5),
         kmeans=KMeansConfig(gamma=0.3, epsilon=0.7, window=2000),
+        person_budget=PersonBudgetConfig(cap_epsilon=6.0),  # above the default lifetime cap of 4: raised explicitly
         estimates_every=0, estimates_every_seconds=None),
     "gamma, splits, l-extended independent": SidePathConfig(
         krr=KRRConfig(attributes=["sex", "race"], epsilon=2.5),
@@ -71,6 +73,7 @@ CONFIGS = {
         blap=BLapConfig(attributes=["age", "capital-gain"], categorical_attributes=["income"], record_epsilon=1.5),
         kmeans=KMeansConfig(attributes=["age", "hours-per-week", "education-num"], epsilon=2.0, gamma=0.4,
                             window=1500),
+        person_budget=PersonBudgetConfig(cap_epsilon=None),
         estimates_every=0, estimates_every_seconds=None),
 }
 
@@ -132,7 +135,7 @@ def check_table(mech: BoundedLaplace | DiscretizedBoundedLaplace) -> np.ndarray:
 
 def kmeans_exact(cfg: KMeansConfig) -> tuple[Decimal, Decimal, Decimal]:
     """(tree, leaves, total) eps of one window as configured: replace-one, root count public."""
-    d = len(cfg.attributes)
+    d = len(cfg.attributes or ())
     depth = max(1, 12 // d)
     eps_tree = cfg.gamma * cfg.epsilon  # the code's float targets
     eps_leaves = cfg.epsilon - eps_tree
@@ -213,9 +216,10 @@ def test_every_stated_epsilon_is_the_exact_one(name: str, adult: list[dict[str, 
     km_total = Decimal(0)
     if cfg.kmeans.enabled:
         assert kmeans, "no k-means window released"
-        tree, leaves, km_total = kmeans_exact(cfg.kmeans)
+        km_cfg = proc.config.kmeans  # attribute lists resolved against the schema
+        tree, leaves, km_total = kmeans_exact(km_cfg)
         for k in kmeans:
-            assert k["neighbouring"] == "replace" and k["max_depth"] == max(1, 12 // len(cfg.kmeans.attributes))
+            assert k["neighbouring"] == "replace" and k["max_depth"] == max(1, 12 // len(km_cfg.attributes or ()))
             assert_upper(k["epsilon_tree"], tree, Decimal("1e-15"), f"{name}: k-means tree")
             assert_upper(k["epsilon_counts"], leaves, Decimal("1e-15"), f"{name}: k-means leaves")
             assert_upper(k["epsilon"], km_total, Decimal("1e-15"), f"{name}: k-means window")

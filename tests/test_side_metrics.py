@@ -6,16 +6,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import time
 import urllib.request
 import uuid
 from typing import Any
 
 import pytest
+from config_support import hermetic_config
 from prometheus_client import CollectorRegistry, generate_latest
 from test_side_app import Consumer, Msg, make_app, messages
+from waiting import wait_for
 
-from stream_anon.config.settings import Config
 from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.kafka_io.broker import free_port
@@ -46,8 +46,8 @@ def test_side_registry_holds_every_metric_the_side_paths_update_and_nothing_else
                if m.type != "histogram" and any(s.labels for s in m.samples)}  # the main path's, "le" always)
     touched.add("stream_anon_broker_reconnects")
     assert touched <= exported, touched - exported
-    assert {"stream_anon_side_values_clipped", "stream_anon_side_outputs_refused", "stream_anon_epsilon_spent",
-            "stream_anon_records_dead_lettered"} <= touched
+    assert {"stream_anon_side_values_clipped", "stream_anon_side_outputs_refused", "stream_anon_epsilon_per_record",
+            "stream_anon_epsilon_budget_used", "stream_anon_records_dead_lettered"} <= touched
     text = generate_latest(side_registry(metrics)).decode()
     assert not [n for n in MAIN_ONLY if n in text]
 
@@ -57,26 +57,23 @@ def test_side_registry_holds_every_metric_the_side_paths_update_and_nothing_else
 def test_the_side_process_endpoint_exports_only_side_metrics(broker: Any) -> None:
     tag = f"sm{uuid.uuid4().hex[:6]}"
     port = free_port()
-    options: dict[str, Any] = {"kafka.bootstrap_servers": broker.bootstrap_servers, "kafka.group_id": f"{tag}-main",
-                               "kafka.session_timeout_ms": 6000, "service.side_metrics_port": port}
+    options: dict[str, Any] = {"kafka.group_id": f"{tag}-main", "kafka.session_timeout_ms": 6000,
+                               "service.side_metrics_port": port}
     for name in ("input", "anon", "krr", "rs", "blap", "estimates", "kmeans", "dlq", "suppressed"):
         options[f"topics.{name}"] = f"{tag}.{name}"
-    cfg = Config.load(env={}, overrides=options)
+    cfg = hermetic_config(broker, options)
     cfg = dataclasses.replace(cfg, side_paths=dataclasses.replace(cfg.side_paths, estimates_every_seconds=None))
     stop = threading.Event()
     side = SidePaths(cfg, ServiceMetrics(CollectorRegistry()), stop)
     try:
-        deadline = time.monotonic() + 60
-        text = ""
-        while "stream_anon_epsilon_budget_total" not in text:  # set once the side paths are consuming
-            assert side.alive and time.monotonic() < deadline, text[:500]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    text = r.read().decode()
-            except OSError:
-                time.sleep(0.2)
-                continue
-            time.sleep(0.1)
+
+        def exported() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            return text if "stream_anon_epsilon_budget_total" in text else ""  # once the side paths consume
+
+        text = wait_for(exported, 60, "the side-path endpoint to export the budget", alive=lambda: side.alive,
+                        retry_on=(OSError,))
         names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
         ours = {n for n in names if n.startswith("stream_anon_")}
         assert ours and all(n.startswith(("stream_anon_side_", "stream_anon_epsilon_", "stream_anon_estimate_",

@@ -292,6 +292,7 @@ def test_the_loss_measured_by_the_bridge_is_what_was_lost(bridge_with_metrics) -
     assert f"{300 - len(drop)} of 300 records forwarded, {len(drop)} lost (1.33 %" in loss.summary()
 
 
+@pytest.mark.integration
 def test_cli_udp_with_bridge_metrics_prints_the_bridges_count(bridge_with_metrics) -> None:
     b, url, result = bridge_with_metrics
     proc = subprocess.run([sys.executable, "-m", "replay_tools", "udp", "--synthetic", "200", "--seed", "3",
@@ -314,6 +315,7 @@ def result_wait(result: dict) -> dict:
     raise AssertionError("the bridge did not finish")
 
 
+@pytest.mark.integration
 def test_cli_udp_with_an_unreadable_metrics_url_fails_before_sending() -> None:
     port = free_udp_port()
     proc = subprocess.run([sys.executable, "-m", "replay_tools", "udp", "--synthetic", "5", "--target",
@@ -323,6 +325,7 @@ def test_cli_udp_with_an_unreadable_metrics_url_fails_before_sending() -> None:
     assert proc.stderr.strip().count("\n") == 0 and "cannot read the bridge's metrics" in proc.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_udp_sender_with_one_line_and_an_eos_of_the_right_count(sig: signal.Signals) -> None:
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -86,6 +86,7 @@ def adult_head(adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return path
 
 
+@pytest.mark.integration  # starts the CLI as a process
 def test_anonymize_then_verify_each_model_and_a_tampered_file_fails(adult_head: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
     p = cli("anonymize", "--input", str(adult_head), "--k", "5", "--delta", "200", "--zeta", "0", "--l", "2",
@@ -131,6 +132,7 @@ def test_anonymize_then_verify_each_model_and_a_tampered_file_fails(adult_head: 
     ("anonymize", ["--t-closeness", "0.2", "--t-distance", "ordered"], "--t-distance: must be equal or auto"),
     ("anonymize", ["--c", "2", "--l", "2"], "--c: must be unset unless diversity is recursive"),
 ])
+@pytest.mark.integration  # starts the CLI as a process
 def test_bad_model_parameters_exit_2_with_one_line(adult_head: Path, tmp_path: Path, command: str, args: list[str],
                                                     message: str) -> None:
     target = ["--input", str(adult_head)] if command == "anonymize" else ["--input", str(adult_head), "--k", "5"]

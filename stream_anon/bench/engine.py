@@ -2,16 +2,18 @@
 
 Prints what it measured:
 
-1. Throughput and summary at k=10, delta=1000, beta=50, mu=100, all 14 QIs, income sensitive, GT loss
+1. Throughput and summary with every command's defaults (stream_anon.core.defaults: k=10, delta=1000, beta=50,
+   mu=100, castle/gt, l=2, no cluster reuse; --k ... --zeta change them), all 14 QIs, income sensitive
    (records/s = records / engine seconds: bulk QI encoding + every push + flush; file reading, record
    construction and output excluded), peak traced memory of the engine state while streaming growing
    prefixes of the stream (releases discarded: must stay flat), the largest number of buffered records.
 2. The peer configuration (a public Python CASTLE port): 6 numeric QIs with the peer's domains (the file's
-   min/max, not the shipped schema's public bounds), k=5, delta=1000, beta=50, mu=100: records/s, CASTLE
+   min/max, not the shipped schema's public bounds), k=5, delta=1000, beta=50, mu=100, CASTLE as published
+   (cluster reuse, zeta=1000; no l): records/s, CASTLE
    average loss, share of records later than delta -- beside the peer's published figures (16 records/s,
    loss 0.227, 86% late).
 3. The ADULT stream paper's grid: GT-scored vs UBDSA-scored information loss for k in {3, 20},
-   beta = mu in {10, 50, 100}, delta in {1000, 2000}, as a markdown table.
+   beta = mu in {10, 50, 100}, delta in {1000, 2000} (the paper's CASTLE: reuse, no l), as a markdown table.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 
 import pandas as pd
 
+from stream_anon.cli.anonymize import optional_number
 from stream_anon.core.datasets import read_adult
+from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.engine import Engine, EngineConfig, Release
 from stream_anon.core.loss import summarize_releases
 from stream_anon.core.schema import Schema, adult_schema
@@ -160,10 +164,11 @@ def grid(schema: Schema, cols: dict[str, list[Any]], records: list[dict[str, Any
 
 def variants(schema: Schema, cols: dict[str, list[Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The options beside the default (k=10, delta=1000, beta=50, mu=100): leftover, l, adaptive delay, ..."""
-    base = EngineConfig(k=10, delta=1000, beta=50, mu=100)
-    configs = [("castle (default)", base), ("leftover", replace(base, leftover="leftover")),
-               ("l=2", replace(base, l=2)), ("adaptive delay [250,1000]", replace(base, adaptive_delay=True)),
-               ("loss=lm", replace(base, loss="lm")), ("zeta=0 (no reuse)", replace(base, zeta=0)),
+    base = EngineConfig(k=DEFAULTS.k, delta=DEFAULTS.delta, beta=DEFAULTS.beta, mu=DEFAULTS.mu, zeta=DEFAULTS.zeta,
+                        l=DEFAULTS.l)
+    configs = [("castle (defaults: l=2, no reuse)", base), ("leftover", replace(base, leftover="leftover")),
+               ("no l", replace(base, l=None)), ("adaptive delay [250,1000]", replace(base, adaptive_delay=True)),
+               ("loss=lm", replace(base, loss="lm")), ("zeta=1000 (CASTLE's reuse)", replace(base, zeta=1000)),
                ("ubdsa", replace(base, algorithm="ubdsa", loss="ubdsa")),
                ("ubdsa, loss=gt", replace(base, algorithm="ubdsa")),
                ("ubdsa + leftover", replace(base, algorithm="ubdsa", loss="ubdsa", leftover="leftover"))]
@@ -202,8 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="timing runs per configuration (best is reported)")
     ap.add_argument("--no-grid", action="store_true", help="skip part 3")
     ap.add_argument("--variants", action="store_true",
-                    help="also run the options table (leftover, l=2, adaptive delay, lm, zeta=0, ubdsa) at k=10")
+                    help="also run the options table beside the defaults (leftover, no l, adaptive delay, lm, CASTLE's "
+                         "reuse zeta=1000, ubdsa)")
     ap.add_argument("--json", default=None, help="write every measured figure to this JSON file")
+    d = DEFAULTS
+    g = ap.add_argument_group(f"part 1's engine parameters (every command's defaults: {d.describe()})")
+    g.add_argument("--k", type=int, default=d.k, help=f"default {d.k}")
+    g.add_argument("--delta", type=int, default=d.delta, help=f"default {d.delta}")
+    g.add_argument("--beta", type=int, default=d.beta, help=f"default {d.beta}")
+    g.add_argument("--mu", type=int, default=d.mu, help=f"default {d.mu}")
+    g.add_argument("--l", type=optional_number, default=d.l, help=f"default {d.l} ('none': no l-diversity)")
+    g.add_argument("--zeta", type=int, default=d.zeta, help=f"default {d.zeta} (no cluster reuse)")
     args = ap.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     df = read_adult(args.adult)
@@ -212,11 +226,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. throughput, summary, memory
     schema = adult_schema()
-    cfg = EngineConfig(k=10, delta=1000, beta=50, mu=100, loss="gt")
+    cfg = EngineConfig(k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=d.algorithm, loss=d.loss,
+                       leftover=d.leftover, l=args.l, zeta=args.zeta)
     main_fig = measure(schema, cfg, cols, records, repeat)
     mem = memory_profile(schema, cfg, cols, records, (0.5, 1.0) if args.quick else (0.25, 0.5, 1.0, 2.0))
     result["main"] = {"config": cfg.as_dict(), **main_fig, "memory": mem}
-    print("## 1. ADULT, 14 QIs, income sensitive, GT loss, k=10, delta=1000, beta=50, mu=100")
+    print(f"## 1. ADULT, 14 QIs, income sensitive, GT loss, k={cfg.k}, delta={cfg.delta}, beta={cfg.beta}, "
+          f"mu={cfg.mu}, l={cfg.l}, zeta={cfg.zeta}")
     print(f"records/s (engine, best of {repeat}): {main_fig['records_per_second']:,.0f}   "
           f"(median {main_fig['records_per_second_median']:,.0f}; per CPU second {main_fig['records_per_cpu_second']:,.0f})")
     print(f"released {main_fig['records_released']} in {main_fig['classes']} classes (min size "
@@ -254,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         result["grid"] = rows
         print(grid_table(rows))
     if args.variants:
-        print("\n## 4. Options at k=10, delta=1000, beta=50, mu=100, all 14 QIs", flush=True)
+        print(f"\n## 4. Options beside the defaults ({DEFAULTS.describe()}), all 14 QIs", flush=True)
         vrows = variants(schema, cols, records)
         result["variants"] = vrows
         print(variants_table(vrows))

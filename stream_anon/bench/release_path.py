@@ -30,6 +30,7 @@ from typing import Any
 
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import iter_adult_records, read_adult
+from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.engine import DEFAULT_ZETA, Engine, EngineConfig, Release
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.formats.release import ClassEncoder
@@ -44,7 +45,8 @@ from stream_anon.service.wiring import (
 )
 from stream_anon.service.workers import CreatePartition, Pipelines, ProcessBatch, RawMessage
 
-SERVICE_DEFAULTS: dict[str, Any] = {"k": 10, "delta": 1000, "beta": 50, "mu": 100}
+SERVICE_DEFAULTS: dict[str, Any] = {"k": DEFAULTS.k, "delta": DEFAULTS.delta, "beta": DEFAULTS.beta,
+                                    "mu": DEFAULTS.mu}  # every command's (stream_anon.core.defaults)
 MAIN_PATH_US_PER_RECORD = 80.0
 """The main path's cost per record, all included (~12,500 records/s in ``bench service``)."""
 
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", nargs="?", choices=["gate", "pipeline", "reuse"], default="gate")
     ap.add_argument("--adult", default=None, help="ADULT file (default: $STREAM_ANON_ADULT)")
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--l", type=int, default=2, help="gate: l of the engine and the gate (default 2, the service's; "
+    ap.add_argument("--l", type=int, default=DEFAULTS.l, help="gate: l of the engine and the gate (default 2, the service's; "
                                                      "1: none)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--l-diversity", action="store_true", help="reuse: also zeta=0 with l=2 (no single-income class)")

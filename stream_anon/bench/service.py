@@ -34,10 +34,13 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
+from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import resolve_adult_path
+from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.schema import adult_schema
 from stream_anon.kafka_io.broker import EmbeddedBroker
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
@@ -142,14 +145,17 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stream-anon bench service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bootstrap-servers", default=None, help="default: an embedded Tansu broker")
+    ap.add_argument("--bootstrap-servers", default=None,
+                    help="a running broker, HOST:PORT (default: an embedded Tansu broker); unreachable within "
+                         "--connect-timeout: one line, exit 3")
     ap.add_argument("--adult", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
     ap.add_argument("--loops", type=int, default=3, help="ADULT passes loaded for the throughput runs (default 3)")
     ap.add_argument("--partitions", type=int, default=1)
-    ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--delta", type=int, default=1000)
-    ap.add_argument("--beta", type=int, default=50)
-    ap.add_argument("--mu", type=int, default=100)
+    ap.add_argument("--k", type=int, default=DEFAULTS.k, help=f"default {DEFAULTS.k} (the service's other engine "
+                    f"defaults apply: l={DEFAULTS.l}, zeta={DEFAULTS.zeta})")
+    ap.add_argument("--delta", type=int, default=DEFAULTS.delta, help=f"default {DEFAULTS.delta}")
+    ap.add_argument("--beta", type=int, default=DEFAULTS.beta, help=f"default {DEFAULTS.beta}")
+    ap.add_argument("--mu", type=int, default=DEFAULTS.mu, help=f"default {DEFAULTS.mu}")
     ap.add_argument("--max-records", type=int, default=5000, help="poll batch size")
     ap.add_argument("--linger-ms", type=int, default=20)
     ap.add_argument("--commit-interval-ms", type=int, default=500)
@@ -158,9 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="service option for the main-path runs (e.g. service.workers=0)")
+    ap.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="with --bootstrap-servers: give up (exit 3, one line naming the address) when no broker "
+                         "accepts a connection within this time (default 30)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
+    problem = broker_problem("stream-anon bench service", args.bootstrap_servers, args.connect_timeout)  # malformed 2, unreachable 3
+    if problem:
+        return problem
     adult = str(resolve_adult_path(args.adult))
     broker = None
     bs = args.bootstrap_servers

@@ -7,6 +7,9 @@
   messages/s and CPU microseconds per record; best of ``--repeat``) for the default (ChaCha20 noise, keyed
   pseudonyms) and, for their cost, with numpy's PCG64 instead of ChaCha20 and without pseudonyms (copies
   shuffled instead); then the estimate-error table of the final estimates (truth tracker on);
+* **accuracy** of the defaults against the defaults before issue 19 (12 per record): per attribute, the total
+  variation distance of the recovered distribution (0.5 x sum |f_hat - f| over the categories, raw unbiased
+  estimates) or the absolute error of the mean, averaged over ``--accuracy-seeds`` seeded runs on all of ADULT;
 * **raw send floor** per producer transport (and per ``--linger-ms`` / ``--batch-size`` / ``--partitions``):
   one :class:`~stream_anon.kafka_io.producer.OutputProducer` sending a real pre-encoded ``adult.krr`` copy 3 x 32,561
   times (distinct keys, header ``kind``) until all are acknowledged (``acks=all``, idempotent); messages/s and the
@@ -37,8 +40,16 @@ import numpy as np
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
+from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
-from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
+from stream_anon.config.side_paths import (
+    BLapConfig,
+    KMeansConfig,
+    KRRConfig,
+    PersonBudgetConfig,
+    RSConfig,
+    SidePathConfig,
+)
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.formats.release import Pseudonymizer
@@ -116,6 +127,7 @@ def estimate_error_table(records: Sequence[Mapping[str, Any]], *, config: SidePa
     for _t, _k, m in proc.emit_estimates():
         truth = m.get("truth", {})
         rows.append({"mechanism": m["mechanism"], "attribute": m["attribute"], "n": m["n"], "epsilon": m["epsilon"],
+                     "categories": len(m["categories"]) if "categories" in m else None,
                      "standard_error": m["standard_error"], "abs_error": truth.get("abs_error"),
                      "max_abs_error": truth.get("max_abs_error", truth.get("abs_error")),
                      "max_z": truth.get("max_z", truth.get("z"))})
@@ -131,6 +143,52 @@ def print_error_table(rows: Sequence[Mapping[str, Any]], n: int, seed: int) -> N
     for r in rows:
         print(f"| {r['mechanism']} | {r['attribute']} | {r['epsilon']:.3g} | {r['standard_error']:.4f} | "
               f"{r['abs_error']:.4f} | {r['max_abs_error']:.4f} | {r['max_z']:.2f} |")
+
+
+BEFORE_ISSUE_19 = SidePathConfig(
+    krr=KRRConfig(attributes=["sex", "race", "marital-status", "relationship", "workclass"], epsilon=1.0),
+    rs=RSConfig(epsilon=1.0), blap=BLapConfig(attributes=["age", "hours-per-week", "education-num"], epsilon=1.0),
+    kmeans=KMeansConfig(epsilon=1.0), person_budget=PersonBudgetConfig(cap_epsilon=None))
+"""The side-path defaults before issue 19: eps 1 per attribute on 11 attributes, k-means 1: 12 per record, no cap."""
+
+
+def accuracy_comparison(records: Sequence[Mapping[str, Any]], configs: Mapping[str, SidePathConfig], *,
+                        seeds: int = 10, batch_size: int = 2000) -> list[dict[str, Any]]:
+    """Per (mechanism, attribute) and configuration: the eps, and the mean over ``seeds`` runs of the total variation
+    of the recovered distribution (frequency estimates) or of |mean_hat - mean| (means), with its SD over runs."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, cfg in configs.items():
+        for seed in range(seeds):
+            for r in estimate_error_table(records, config=cfg, seed=seed, batch_size=batch_size):
+                row = rows.setdefault((r["mechanism"], r["attribute"]), {"mechanism": r["mechanism"],
+                                                                         "attribute": r["attribute"]})
+                # abs_error: mean |f_hat - f| over the k categories, so TV = k * abs_error / 2; a mean: |error|
+                k = r.get("categories")
+                err = r["abs_error"] * k / 2 if k else r["abs_error"]
+                row.setdefault(name, {"epsilon": r["epsilon"], "errors": []})["errors"].append(err)
+    out = []
+    for row in rows.values():
+        for name in configs:
+            if name in row:
+                errs = row[name].pop("errors")
+                row[name].update(error=statistics.fmean(errs), sd=statistics.stdev(errs) if len(errs) > 1 else 0.0)
+        out.append(row)
+    return out
+
+
+def print_accuracy(rows: Sequence[Mapping[str, Any]], configs: Mapping[str, SidePathConfig], seeds: int) -> None:
+    totals = {name: cfg.check().epsilon_all for name, cfg in configs.items()}
+    print(f"\naccuracy on all of ADULT, mean over {seeds} seeds (TV: total variation of the recovered distribution; "
+          f"mean: |mean_hat - mean|); per-record total: " + ", ".join(f"{n} {e:.4g}" for n, e in totals.items()))
+    print("\n| mechanism | attribute | measure | " + " | ".join(f"{n}: eps | {n}: error" for n in configs) + " |")
+    print("|---|---|---|" + "---:|---:|" * len(configs))
+    for r in rows:
+        measure = "TV" if r["mechanism"] != "blap" else "mean"
+        cells = []
+        for n in configs:
+            c = r.get(n)
+            cells.append(f"{c['epsilon']:.3g} | {c['error']:.4f} (sd {c['sd']:.4f})" if c else "- | not published")
+        print(f"| {r['mechanism']} | {r['attribute']} | {measure} | " + " | ".join(cells) + " |")
 
 
 # ============================================================================================ through a broker
@@ -234,7 +292,9 @@ def _ints(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stream-anon bench side", description=__doc__.split("\n\n")[0])
     ap.add_argument("--adult", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
-    ap.add_argument("--bootstrap-servers", default=None, help="a running broker (default: embedded Tansu)")
+    ap.add_argument("--bootstrap-servers", default=None,
+                    help="a running broker, HOST:PORT (default: embedded Tansu); unreachable within --connect-timeout: "
+                         "one line, exit 3")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pure benchmark and the error table")
     ap.add_argument("--batch", type=int, default=2000, help="records per batch of the pure benchmark")
     ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (pure: best; broker: median)")
@@ -242,10 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--linger-ms", type=_ints, default=[20], help="raw floor: kafka.linger_ms values (e.g. 20,100)")
     ap.add_argument("--batch-size", type=_ints, default=[262144], help="raw floor: kafka.batch_size values")
     ap.add_argument("--partitions", type=_ints, default=[1], help="raw floor and end to end: partition counts")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: pure, raw, e2e")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: pure, accuracy, raw, e2e")
+    ap.add_argument("--accuracy-seeds", type=int, default=10, help="seeded runs per configuration (accuracy)")
+    ap.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="with --bootstrap-servers: give up (exit 3, one line naming the address) when no broker "
+                         "accepts a connection within this time (default 30)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    problem = broker_problem("stream-anon bench side", args.bootstrap_servers, args.connect_timeout)  # malformed 2, unreachable 3
+    if problem:
+        return problem
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     for t in transports:
         if t not in PRODUCER_CLIENTS:
@@ -257,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = estimate_error_table(records, seed=args.seed, batch_size=args.batch)
         print_error_table(rows, len(records), args.seed)
         results["estimates"] = rows
+    if "accuracy" not in skip:
+        configs = {"before (12)": BEFORE_ISSUE_19, "default": SidePathConfig()}
+        acc = accuracy_comparison(records, configs, seeds=args.accuracy_seeds, batch_size=args.batch)
+        print_accuracy(acc, configs, args.accuracy_seeds)
+        results["accuracy"] = acc
 
     def run(bootstrap: str) -> None:
         if "raw" not in skip:

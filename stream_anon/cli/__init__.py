@@ -7,22 +7,28 @@ never a sub-command silently missing.  A command's heavy work (the service's cli
 matplotlib for the report) is imported when the command runs.
 
 Logging: ``--log-level`` (default INFO) for stream-anon's own loggers; the Kafka client libraries' loggers
-(:data:`CLIENT_LOGGERS`: kafka-python logs every connection at INFO) stay at WARNING unless the level is DEBUG.
+(:data:`CLIENT_LOGGERS`: kafka-python's and librdkafka's) are off unless the level is DEBUG
+(:func:`~stream_anon.kafka_io.lifecycle.quiet_client_libraries`): stream-anon says what the operator needs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
+import os
 import platform
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 import stream_anon
 from stream_anon.cli import anonymize, audit, bench, privacy, report, service, udp
 from stream_anon.cli.arguments import one_line_errors
+from stream_anon.kafka_io.lifecycle import (
+    CLIENT_LOGGERS as CLIENT_LOGGERS,  # re-exported: the loggers it quiets
+)
+from stream_anon.kafka_io.lifecycle import quiet_client_libraries
 
 # Sub-command modules, in the order they appear in --help (a module that cannot be imported is an error, never
 # skipped: the import above fails).
@@ -37,14 +43,14 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
 )
 
 
-CLIENT_LOGGERS = ("kafka", "librdkafka")
-"""kafka-python's loggers, and the one the confluent-kafka producer is given (``service/producer.py``)."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def version_text() -> str:
     """``stream-anon X.Y.Z`` from the installed package's metadata (the source tree's ``__version__`` when it
     is not installed), with the Python and Kafka client versions (what a bug report needs)."""
+    import importlib.metadata
+
     def version(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
@@ -58,12 +64,22 @@ def version_text() -> str:
             f"confluent-kafka {version('confluent-kafka')})")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: :func:`version_text`, looked up only when asked (package metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-anon",
         description="Real-time anonymization of record streams: delay-bounded k-anonymity and local differential privacy.",
     )
-    parser.add_argument("--version", action="version", version=version_text())
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show the versions of stream-anon, Python and the Kafka clients, and exit")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="logging level of stream-anon (default INFO); DEBUG also shows the Kafka clients' "
                              "INFO and DEBUG logging")
@@ -84,7 +100,7 @@ class CancelledMetadataRefresh(logging.Filter):
 
 
 def configure_logging(level_name: str) -> None:
-    """The root logger at ``level_name``; the Kafka client libraries at WARNING (or higher) unless DEBUG; the
+    """The root logger at ``level_name``; the Kafka client libraries off unless DEBUG; the
     benign ``Metadata refresh: failed Cancelled`` of closing clients dropped (:class:`CancelledMetadataRefresh`)."""
     cluster = logging.getLogger("kafka.cluster")
     if not any(isinstance(f, CancelledMetadataRefresh) for f in cluster.filters):
@@ -92,8 +108,7 @@ def configure_logging(level_name: str) -> None:
     level = getattr(logging, level_name.upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)  # also when a handler exists already (basicConfig then does nothing)
-    for name in CLIENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))
+    quiet_client_libraries(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,9 +119,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
     except KeyboardInterrupt:
-        return 130
+        rc = 130
+    if argv is None and args.command in FAST_EXIT_COMMANDS:
+        fast_exit(rc)
+    return rc
+
+
+FAST_EXIT_COMMANDS = ("run", "demo")
+"""Commands whose process ends with :func:`fast_exit` (when started from the command line): everything they
+started is stopped and closed by then, and the interpreter's teardown of their modules (numpy, pandas, the
+Kafka clients: about a second on a busy machine) would only delay the end of a stop (a Ctrl-C ends within 2 s)."""
+
+
+def fast_exit(rc: int) -> NoReturn:
+    """Flush what is written and end the process now with ``rc`` (no interpreter teardown)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,9 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from stream_anon.cli.arguments import (
     UsageError,
@@ -34,24 +32,17 @@ from stream_anon.cli.arguments import (
     output_file,
     write_text,
 )
-from stream_anon.core.datasets import ADULT_ENV, DatasetError, check_record_ids, read_records
-from stream_anon.core.diversity import (
-    DISTANCES,
-    MODELS,
-    DiversityParameterError,
-    DiversityRequirement,
-    disclosure_figures,
-)
-from stream_anon.core.engine import Engine, EngineConfig, EngineConfigError, Release
-from stream_anon.core.loss import summarize_releases
-from stream_anon.core.schema import Schema, SchemaError, adult_schema
-from stream_anon.core.verify import (
-    ReleaseRoles,
-    RolesError,
-    diversity_meta,
-    verify_release_file,
-    write_release_meta,
-)
+from stream_anon.core.defaults import DEFAULTS, DIVERSITY_MODELS, T_DISTANCES
+
+if TYPE_CHECKING:  # pandas, numpy and the engine are imported when a command runs, not for --help
+    import pandas as pd
+
+    from stream_anon.core.diversity import DiversityRequirement
+    from stream_anon.core.engine import Engine, EngineConfig, Release
+    from stream_anon.core.schema import Schema
+    from stream_anon.core.verify import ReleaseRoles
+
+ADULT_ENV = "STREAM_ANON_ADULT"  # stream_anon.core.datasets.ADULT_ENV (not imported: pandas)
 
 CLASS_ID_COLUMN = "class_id"
 RECORD_ID_COLUMN = "record_id"
@@ -61,6 +52,8 @@ OPAQUE_ID_BITS = 64
 # ============================================================================ input
 def build_schema(args: argparse.Namespace) -> Schema:
     """The schema of ``--schema`` (default ADULT) with the roles of ``--qi`` / ``--sensitive``."""
+    from stream_anon.core.schema import SchemaError
+
     schema = load_schema("--schema", args.schema)
     qis = comma_list("--qi", args.qi)
     if qis is not None or args.sensitive is not None:
@@ -81,6 +74,8 @@ def build_schema(args: argparse.Namespace) -> Schema:
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine parameters; an invalid one names its option (``--k: must be an integer >= 2, got 1``)."""
+    from stream_anon.core.engine import EngineConfig, EngineConfigError
+
     try:
         return EngineConfig(
             k=args.k, delta=args.delta, beta=args.beta, mu=args.mu, algorithm=args.algorithm, loss=args.loss,
@@ -95,6 +90,14 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def build_engine(schema: Schema, config: EngineConfig) -> Engine:
+    from stream_anon.core.engine import Engine, EngineConfigError
+
+    if not schema.sensitive and ((config.l is not None and config.l > 1) or config.t_closeness is not None):
+        option, what, default = (("--l", "l-diversity", DEFAULTS.l) if config.l is not None and config.l > 1
+                                 else ("--t-closeness", "t-closeness", DEFAULTS.t_closeness))
+        raise UsageError(f"{option}: {what} (default {default}) needs a sensitive attribute and schema "
+                         f"{schema.name!r} has none; pass --l none --t-closeness none to release k-anonymous "
+                         f"classes without it")
     try:
         return Engine(schema, config)
     except EngineConfigError as e:
@@ -106,6 +109,8 @@ def build_engine(schema: Schema, config: EngineConfig) -> Engine:
 
 def load_input(path: Path, schema: Schema, fmt: str | None, *, schema_given: bool) -> tuple[pd.DataFrame, str]:
     """The validated records of ``path``; duplicate record ids are refused (see ``check_record_ids``)."""
+    from stream_anon.core.datasets import DatasetError, check_record_ids, read_records
+
     try:
         df, fmt = read_records(path, schema, fmt)
         check_record_ids(df, schema, where=str(path))
@@ -155,6 +160,8 @@ def delay_stats(releases: Sequence[Release]) -> dict[str, Any]:
 
 def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> dict[str, Any]:
     """The summary JSON: loss metrics (core/loss.py), delays, counts, throughput, parameters (no per-record data)."""
+    from stream_anon.core.loss import summarize_releases
+
     cfg = engine.config
     loss = summarize_releases(releases, engine.schema, cfg.k).as_dict()
     n_in = engine.records_in
@@ -184,6 +191,8 @@ def summarize(engine: Engine, releases: Sequence[Release], seconds: float) -> di
 def sensitive_disclosure(releases: Sequence[Release], sensitive: str) -> dict[str, Any]:
     """:func:`~stream_anon.core.diversity.disclosure_figures` of the released classes (reused records counted in
     their class) with the prior over every input record (released or suppressed)."""
+    from stream_anon.core.diversity import disclosure_figures
+
     classes: dict[str, dict[Any, int]] = {}
     prior: dict[Any, int] = {}
     for r in releases:
@@ -222,6 +231,10 @@ def release_table(releases: Sequence[Release], schema: Schema, *, keep_ids: bool
     ``references`` (t-closeness): filled with the reference each class of the table was checked against,
     by the table's class id (for the meta file).
     """
+    import pandas as pd
+
+    from stream_anon.core.verify import ReleaseRoles
+
     qis = [a.name for a in schema.attributes if a.is_qi]
     sens = [a.name for a in schema.sensitive]
     rid_field = schema.record_id or "id"
@@ -277,6 +290,8 @@ def write_release(path: Path, table: pd.DataFrame, roles: ReleaseRoles, schema: 
                   config: EngineConfig, *, requirement: DiversityRequirement | None = None,
                   references: dict[str, tuple[tuple[Any, int], ...]] | None = None) -> Path:
     """Write the released CSV and its meta file ``<path>.meta.json``; returns the meta file's path."""
+    from stream_anon.core.verify import diversity_meta, write_release_meta
+
     try:
         table.to_csv(path, index=False)
         return write_release_meta(
@@ -333,9 +348,13 @@ def cmd_anonymize(args: argparse.Namespace) -> int:
     return 0
 
 
-@guarded("stream-anon verify", RolesError, ValueError)
+@guarded("stream-anon verify", ValueError)  # core.verify.RolesError is a ValueError
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every check passes, 1 on a violation, 2 when the roles or the input are unclear."""
+    from stream_anon.core.diversity import DiversityParameterError, DiversityRequirement
+    from stream_anon.core.schema import adult_schema
+    from stream_anon.core.verify import verify_release_file
+
     if args.k < 2:
         raise UsageError(f"--k: must be an integer >= 2 (k=1 holds for any table), got {args.k}")
     try:
@@ -372,43 +391,68 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-def number(text: str) -> int | float:
-    """An argparse type: ``2`` -> 2, ``1.5`` -> 1.5."""
+def optional_number(text: str) -> int | float | None:
+    """argparse ``type``: ``2`` -> 2, ``1.5`` -> 1.5, ``none`` -> None (the option off)."""
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
     return int(v) if v.is_integer() else v
 
 
-def add_diversity_arguments(p: argparse.ArgumentParser) -> None:
-    """--l, --diversity, --c, --t-closeness, --t-distance (anonymize and verify)."""
-    p.add_argument("--l", type=number, default=None,
-                   help="l of the l-diversity model: distinct sensitive values per class (an integer; with "
-                        "--diversity entropy any number >= 1)")
-    p.add_argument("--diversity", choices=list(MODELS), default="distinct",
+def optional_float(text: str) -> float | None:
+    """argparse ``type``: a number, or ``none`` (the option off)."""
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+
+
+def add_diversity_arguments(p: argparse.ArgumentParser, *, with_defaults: bool) -> None:
+    """--l, --diversity, --c, --t-closeness, --t-distance: ``anonymize`` starts from the shared defaults
+    (:mod:`stream_anon.core.defaults`), ``verify`` checks only what it is asked to."""
+    d = DEFAULTS
+    l_default, t_default = (d.l, d.t_closeness) if with_defaults else (None, None)
+    shown = (lambda v: f"; default {v if v is not None else 'none'}, as the service") if with_defaults else (
+        lambda v: "")
+    p.add_argument("--l", type=optional_number, default=l_default,
+                   help=f"l of the l-diversity model: distinct sensitive values per class (an integer; with "
+                        f"--diversity entropy any number >= 1; 'none': off{shown(l_default)})")
+    p.add_argument("--diversity", choices=list(DIVERSITY_MODELS), default=d.diversity,
                    help="l-diversity model: distinct (>= l values), entropy (entropy >= log l) or recursive "
-                        "(r1 < c (r_l + ... + r_m), needs --c); default distinct")
+                        f"(r1 < c (r_l + ... + r_m), needs --c); default {d.diversity}")
     p.add_argument("--c", type=float, default=None, help="c of recursive (c, l)-diversity (> 0)")
-    p.add_argument("--t-closeness", type=float, default=None,
-                   help="t-closeness: EMD of every class's sensitive distribution to the reference <= t")
-    p.add_argument("--t-distance", choices=list(DISTANCES), default="auto",
+    p.add_argument("--t-closeness", type=optional_float, default=t_default,
+                   help="t-closeness: EMD of every class's sensitive distribution to the reference <= t ('none': "
+                        f"off{shown(t_default)})")
+    p.add_argument("--t-distance", choices=list(T_DISTANCES), default=d.t_distance,
                    help="ground distance of t-closeness: auto (ordered if numeric, else equal), equal, ordered")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=10, help="k: distinct individuals per released class (>= 2; default 10)")
-    p.add_argument("--delta", type=int, default=1000, help="delay bound in arrivals (>= k; default 1000)")
-    p.add_argument("--beta", type=int, default=50, help="max open clusters (>= 1; default 50)")
-    p.add_argument("--mu", type=int, default=100, help="recent released clusters that set tau (>= 1; default 100)")
-    p.add_argument("--algorithm", choices=["castle", "ubdsa"], default="castle")
-    p.add_argument("--loss", choices=["gt", "lm", "ubdsa"], default="gt", help="loss scoring the cluster choice")
-    p.add_argument("--leftover", choices=["suppress", "leftover"], default="suppress")
+    """The engine's options, with the defaults every command shares (:mod:`stream_anon.core.defaults`)."""
+    d = DEFAULTS
+    p.add_argument("--k", type=int, default=d.k, help=f"k: distinct individuals per released class (>= 2; default "
+                                                      f"{d.k})")
+    p.add_argument("--delta", type=int, default=d.delta, help=f"delay bound in arrivals (>= k; default {d.delta})")
+    p.add_argument("--beta", type=int, default=d.beta, help=f"max open clusters (>= 1; default {d.beta})")
+    p.add_argument("--mu", type=int, default=d.mu, help=f"recent released clusters that set tau (>= 1; default {d.mu})")
+    p.add_argument("--algorithm", choices=["castle", "ubdsa"], default=d.algorithm,
+                   help=f"default {d.algorithm}")
+    p.add_argument("--loss", choices=["gt", "lm", "ubdsa"], default=d.loss,
+                   help=f"loss scoring the cluster choice (default {d.loss})")
+    p.add_argument("--leftover", choices=["suppress", "leftover"], default=d.leftover, help=f"default {d.leftover}")
     p.add_argument("--delta-leftover", type=int, default=None, help="max further wait in the leftover cluster")
-    add_diversity_arguments(p)
+    add_diversity_arguments(p, with_defaults=True)
     p.add_argument("--t-reference-every", type=int, default=None,
                    help="t-closeness: freeze the running distribution every this many arrivals (default: delta)")
-    p.add_argument("--zeta", type=int, default=1000, help="released clusters kept for reuse (0: no reuse)")
+    p.add_argument("--zeta", type=int, default=d.zeta,
+                   help=f"released clusters kept for CASTLE's reuse (default {d.zeta}: no reuse, as the service; "
+                        f"reuse publishes single records, docs/threat-model.md)")
     p.add_argument("--max-age", type=int, default=None, help="drop reuse clusters older than this many arrivals")
     p.add_argument("--adaptive-delay", action="store_true", help="adapt the delay within [delta-min, delta]")
     p.add_argument("--delta-min", type=int, default=None, help="lower bound of the adaptive delay")
@@ -448,7 +492,7 @@ def register(sub: Any) -> None:
                     "(<input>.meta.json, or --meta), else --schema; verify never guesses."))
     v.add_argument("--input", required=True, help="released CSV (anonymize --output), either layout")
     v.add_argument("--k", type=int, required=True, help="every class must hold >= k distinct individuals (>= 2)")
-    add_diversity_arguments(v)
+    add_diversity_arguments(v, with_defaults=False)
     v.add_argument("--qi", default=None, help="comma-separated QI columns (overrides the meta file and the schema)")
     v.add_argument("--sensitive", default=None, help="the sensitive column (overrides the meta file and the schema)")
     v.add_argument("--person-id", default=None, help="column of person ids: class sizes count distinct persons")

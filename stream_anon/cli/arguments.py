@@ -13,9 +13,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from stream_anon.core.schema import Schema, SchemaError, adult_schema
+if TYPE_CHECKING:  # the schema module (numpy, yaml) is imported when a command runs, not for --help
+    from stream_anon.core.schema import Schema
 
 EXIT_USAGE = 2
 
@@ -99,6 +100,8 @@ def write_text(option: str, path: Path, text: str) -> None:
 
 def load_schema(option: str, value: str | os.PathLike[str] | None) -> Schema:
     """The schema file of ``option`` (YAML or JSON), or the shipped ADULT schema when ``value`` is None."""
+    from stream_anon.core.schema import Schema, SchemaError, adult_schema
+
     if value is None:
         return adult_schema()
     p = input_file(option, value)

@@ -24,13 +24,13 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from stream_anon.cli.arguments import one_line_errors
-from stream_anon.config.settings import Config, ConfigError, env_name
-from stream_anon.metrics.endpoint import MetricsEndpointError, check_metrics_endpoint
+from stream_anon.core.defaults import DEFAULTS
+
+if TYPE_CHECKING:  # the configuration (numpy, yaml, the mechanisms) is imported when a command runs
+    from stream_anon.config.settings import Config
 
 # flag -> dotted option (every option is also reachable with --set section.field=value)
 COMMON_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
@@ -38,21 +38,26 @@ COMMON_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
      "Kafka bootstrap servers (host:port,...); without it an embedded Tansu broker is started"),
     ("--group-id", "kafka.group_id", str, "consumer group of the main path"),
     ("--security-protocol", "kafka.security_protocol", str, "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
-    ("--input-topic", "topics.input", str, "input topic (default adult.raw)"),
-    ("--partitions", "topics.partitions", int, "partitions of topics the service creates"),
-    ("--schema", "anonymization.schema", str, "schema file (default: the shipped ADULT schema)"),
-    ("--k", "anonymization.k", int, "k (every released class holds >= k records)"),
-    ("--delta", "anonymization.delta", int, "delay bound in arrivals"),
-    ("--beta", "anonymization.beta", int, "maximum open clusters"),
-    ("--mu", "anonymization.mu", int, "recent released-cluster losses that set tau"),
-    ("--algorithm", "anonymization.algorithm", str, "castle or ubdsa"),
-    ("--loss", "anonymization.loss", str, "gt, lm or ubdsa"),
-    ("--leftover", "anonymization.leftover", str, "suppress or leftover"),
-    ("--l", "anonymization.l", str, "l of the l-diversity model (an integer; entropy: any number >= 1; null: none)"),
-    ("--diversity", "anonymization.diversity", str, "l-diversity model: distinct, entropy or recursive"),
+    ("--input-topic", "topics.input", str, "input topic (default adult.raw); the output, dead-letter, suppressed "
+     "and side topics default to <input without .raw>.anon, .dlq, .suppressed, .krr, ... and the ledger to "
+     "<input>.ledger (each overridable with --set topics.<name>=...)"),
+    ("--partitions", "topics.partitions", int, "partitions of topics the service creates (default 1)"),
+    ("--schema", "anonymization.schema", str, "schema file (default: the shipped ADULT schema); the side paths "
+     "take the attributes it declares for them"),
+    ("--k", "anonymization.k", int, f"k: every released class holds >= k records (default {DEFAULTS.k})"),
+    ("--delta", "anonymization.delta", int, f"delay bound in arrivals (default {DEFAULTS.delta})"),
+    ("--beta", "anonymization.beta", int, f"maximum open clusters (default {DEFAULTS.beta})"),
+    ("--mu", "anonymization.mu", int, f"recent released-cluster losses that set tau (default {DEFAULTS.mu})"),
+    ("--algorithm", "anonymization.algorithm", str, f"castle or ubdsa (default {DEFAULTS.algorithm})"),
+    ("--loss", "anonymization.loss", str, f"gt, lm or ubdsa (default {DEFAULTS.loss})"),
+    ("--leftover", "anonymization.leftover", str, f"suppress or leftover (default {DEFAULTS.leftover})"),
+    ("--l", "anonymization.l", str, f"l of the l-diversity model (default {DEFAULTS.l}; an integer; entropy: any "
+     f"number >= 1; null: none); cluster reuse stays off (zeta {DEFAULTS.zeta})"),
+    ("--diversity", "anonymization.diversity", str,
+     f"l-diversity model: distinct, entropy or recursive (default {DEFAULTS.diversity})"),
     ("--c", "anonymization.c", str, "c of recursive (c, l)-diversity"),
     ("--t-closeness", "anonymization.t_closeness", str,
-     "t-closeness against the stream's running distribution (null: off)"),
+     f"t-closeness against the stream's running distribution (default {DEFAULTS.t_closeness}; null: off)"),
     ("--seed", "anonymization.seed", int, "engine seed (default: OS entropy)"),
     ("--max-message-bytes", "service.max_message_bytes", int, "larger inputs go to the DLQ"),
     ("--metrics-port", "service.metrics_port", int, "Prometheus endpoint port on 127.0.0.1 (0 = off)"),
@@ -66,7 +71,7 @@ EMBEDDED_IDLE_FLUSH_SECONDS = 5.0
 """``service.idle_flush_seconds`` of ``run`` with its embedded (in-memory) broker, unless set: long beside the
 gaps of a replay (milliseconds; 0.2 s at ``--rate 5``), short beside an operator's wait before stopping it."""
 
-BOOTSTRAP_ENV = env_name("kafka.bootstrap_servers")  # STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS, the config's name
+BOOTSTRAP_ENV = "STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS"  # env_name("kafka.bootstrap_servers"): the config's name
 DEPRECATED_BOOTSTRAP_ENV = "STREAM_ANON_BOOTSTRAP_SERVERS"
 """The name the replay tools and ``udp-bridge`` used to read: still accepted everywhere, with a warning."""
 
@@ -107,6 +112,8 @@ def _deprecated(prog: str, what: str) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted option -> value, from ``--set`` and the flags (flags last: they win)."""
+    from stream_anon.config.settings import ConfigError
+
     overrides: dict[str, Any] = {}
     for item in args.set:
         if "=" not in item:
@@ -124,6 +131,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace, *, prog: str = "stream-anon") -> Config:
     """The config of ``run``/``demo``: flags and ``--set``, then ``STREAM_ANON_*`` variables (the deprecated
     ``$STREAM_ANON_BOOTSTRAP_SERVERS`` among them, with a warning), then ``--config``, then defaults."""
+    from stream_anon.config.settings import Config
+
     overrides = _overrides(args)
     old = os.environ.get(DEPRECATED_BOOTSTRAP_ENV) or None
     if old is not None:
@@ -139,6 +148,10 @@ def config_from_args(args: argparse.Namespace, *, prog: str = "stream-anon") -> 
 
 def option_given(args: argparse.Namespace, dotted: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the operator set ``dotted`` anywhere: flag, ``--set``, environment variable or config file."""
+    import yaml
+
+    from stream_anon.config.settings import env_name
+
     if dotted in _overrides(args):
         return True
     if env_name(dotted) in (os.environ if environ is None else environ):
@@ -173,15 +186,14 @@ def embedded_broker_defaults(cfg: Config, args: argparse.Namespace) -> tuple[Con
 def preflight(cfg: Config) -> None:
     """What the running service would trip over with a traceback, checked before anything starts: raises
     :class:`ConfigError` or :class:`MetricsEndpointError` (one line naming the option)."""
+    from stream_anon.config.settings import ConfigError
+    from stream_anon.metrics.endpoint import check_metrics_endpoint
+
     s, k, t = cfg.service, cfg.kafka, cfg.topics
     side_process = cfg.side_paths.enabled and s.side_paths_mode == "process" and s.side_metrics_port != 0
     if s.metrics_port and side_process and s.metrics_port == s.side_metrics_port:
         raise ConfigError(f"options service.metrics_port and service.side_metrics_port: both {s.metrics_port}; the "
                           f"main and side-path endpoints need different ports (0 turns one off)")
-    if s.metrics_port:
-        check_metrics_endpoint(s.metrics_port, s.metrics_addr)
-    if side_process:
-        check_metrics_endpoint(s.side_metrics_port, s.metrics_addr, port_option="service.side_metrics_port")
     side = ("krr", "rs", "blap", "estimates", "kmeans") if cfg.side_paths.enabled and s.side_paths_mode != "off" else ()
     for name in ("input", "anon", "suppressed", "dlq", *side):
         topic = getattr(t, name)
@@ -199,12 +211,19 @@ def preflight(cfg: Config) -> None:
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"option kafka.{name}: file {path!r} does not exist")
     check_kafka_options(cfg)
+    # the ports last: a bad option is reported as such even while another process holds a port
+    if s.metrics_port:
+        check_metrics_endpoint(s.metrics_port, s.metrics_addr)
+    if side_process:
+        check_metrics_endpoint(s.side_metrics_port, s.metrics_addr, port_option="service.side_metrics_port")
 
 
 def check_kafka_options(cfg: Config) -> None:
     """The numeric and named ``kafka.*`` options the client libraries would refuse (kafka-python raises
     ``KafkaConfigurationError`` when a consumer is made, librdkafka ``KafkaException`` when the producer is):
     :class:`ConfigError` naming the option, checked before anything starts."""
+    from stream_anon.config.settings import ConfigError
+
     k = cfg.kafka
     checks: list[tuple[str, bool, str, Any]] = [
         ("session_timeout_ms", k.session_timeout_ms > 100, "an integer > 100", k.session_timeout_ms),
@@ -260,6 +279,10 @@ def register(sub: Any) -> None:
                                    "defaults. Without --bootstrap-servers an embedded broker is started (then "
                                    f"service.idle_flush_seconds defaults to {EMBEDDED_IDLE_FLUSH_SECONDS:g}).")
     add_config_flags(p)
+    p.add_argument("--new-budget", action="store_true",
+                   help="start a NEW side-path budget for the input topic (a new generation: every record may spend "
+                        "its lifetime cap again); needed when the budget state is missing or stale; logged as a "
+                        "WARNING and recorded in the budget topic (docs/side-paths.md)")
     p.set_defaults(func=_run)
     one_line_errors(p)
 
@@ -277,6 +300,9 @@ def register(sub: Any) -> None:
     d.add_argument("--no-download", action="store_true", help="never try to download ADULT")
     d.add_argument("--timeout", type=_at_least(0, float, above=True), default=600.0,
                    help="give up after this many seconds")
+    d.add_argument("--connect-timeout", type=_at_least(0, float, above=True), default=30.0, metavar="SECONDS",
+                   help="with --bootstrap-servers: give up (exit 3, one line naming the address) when the broker does "
+                        "not accept a connection within this time (default 30)")
     d.set_defaults(func=_demo)
     one_line_errors(d)
 
@@ -290,6 +316,8 @@ def _install_signals(stop: threading.Event) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from stream_anon.config.settings import ConfigError
+    from stream_anon.metrics.endpoint import MetricsEndpointError
     from stream_anon.runtime.run import run_service  # the service's clients: imported when the command runs
 
     try:
@@ -303,21 +331,23 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stream-anon run: {note}", file=sys.stderr)
     stop = threading.Event()
     _install_signals(stop)
-    return run_service(cfg, stop_event=stop)
+    return run_service(cfg, stop_event=stop, new_budget=args.new_budget)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from stream_anon.config.settings import ConfigError
     from stream_anon.core.datasets import DatasetError  # pandas: imported when the command runs
+    from stream_anon.metrics.endpoint import MetricsEndpointError
     from stream_anon.runtime.demo import run_demo  # the service's clients: imported when the command runs
 
     try:
         cfg = config_from_args(args, prog="stream-anon demo")
-        preflight(cfg)
         if args.run_dir is not None:
             try:
                 Path(args.run_dir).mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"--run-dir: cannot create directory {args.run_dir!r} ({e.strerror or e})") from None
+        preflight(cfg)  # the metrics ports last: a bad option is named even while a port is busy
     except (ConfigError, MetricsEndpointError) as e:
         print(f"stream-anon demo: {e}", file=sys.stderr)
         return 2
@@ -326,7 +356,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         return run_demo(cfg, adult=args.adult, records=args.records, rate=args.rate, run_dir=args.run_dir,
                         synthetic=args.synthetic, download=not args.no_download, timeout=args.timeout,
-                        stop_event=stop)
+                        stop_event=stop, connect_timeout=args.connect_timeout)
     except DatasetError as e:  # the ADULT file: missing, malformed or short (read before anything starts)
         print(f"stream-anon demo: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

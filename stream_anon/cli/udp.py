@@ -5,29 +5,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
+from stream_anon.cli.arguments import one_line_errors
 from stream_anon.cli.service import bootstrap_servers_from_env
-from stream_anon.kafka_io.broker import EmbeddedBroker
-from stream_anon.metrics.definitions import ServiceMetrics
-from stream_anon.metrics.endpoint import MetricsEndpointError, serve_metrics
-from stream_anon.replay.kafka_replay import ensure_topic
-from stream_anon.service.udp_bridge import (
-    DEFAULT_WINDOW,
-    KafkaSink,
-    NullSink,
-    RecordSink,
-    UdpBridge,
-    parse_listen,
-)
+
+if TYPE_CHECKING:  # the bridge, Kafka and Prometheus are imported when the command runs, not for --help
+    from stream_anon.service.udp_bridge import RecordSink
 
 DEFAULT_BRIDGE_METRICS_PORT = 9466
+DEFAULT_WINDOW = 65_536  # stream_anon.service.udp_bridge.DEFAULT_WINDOW (checked by the tests)
 
 
 def register(sub: Any) -> None:
@@ -42,6 +32,9 @@ def register(sub: Any) -> None:
                    help="Kafka bootstrap servers; without it an embedded Tansu broker is started "
                         "(env STREAM_ANON_KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--partitions", type=int, default=1, help="partitions when the topic must be created (default 1)")
+    p.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="give up (exit 3, one line naming the address) when no broker accepts a connection within "
+                        "this time (default 30)")
     p.add_argument("--sink", choices=["kafka", "null"], default="kafka",
                    help="'null' counts and discards (measures UDP reception alone)")
     p.add_argument("--metrics-port", type=int, default=DEFAULT_BRIDGE_METRICS_PORT,
@@ -59,17 +52,30 @@ def register(sub: Any) -> None:
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--report-json", default=None, help="also write the final report as JSON to this path ('-' = stdout)")
     p.set_defaults(func=run_udp_bridge)
+    one_line_errors(p)
 
 
 def run_udp_bridge(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from stream_anon.kafka_io.broker import EmbeddedBroker
+    from stream_anon.kafka_io.lifecycle import quiet_client_libraries
+    from stream_anon.metrics.definitions import UDP, ServiceMetrics
+    from stream_anon.metrics.endpoint import MetricsEndpointError, serve_metrics
+    from stream_anon.replay.kafka_replay import (
+        BrokerUnreachableError,
+        ReplayInputError,
+        ensure_topic,
+    )
+    from stream_anon.service.udp_bridge import KafkaSink, NullSink, UdpBridge, parse_listen
+
     try:
         host, port = parse_listen(args.listen)
     except ValueError as e:
         print(f"stream-anon udp-bridge: {e}", file=sys.stderr)
         return 2
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python logs every connection at INFO
-    metrics = ServiceMetrics(CollectorRegistry())
+    quiet_client_libraries()  # the client libraries' own lines only at DEBUG
+    metrics = ServiceMetrics(CollectorRegistry(), parts=frozenset({UDP}))  # the bridge's own metrics only
     with contextlib.ExitStack() as stack:
         sink: RecordSink
         if args.sink == "null":
@@ -80,7 +86,14 @@ def run_udp_bridge(args: argparse.Namespace) -> int:
                 broker = stack.enter_context(EmbeddedBroker())
                 bootstrap = broker.bootstrap_servers
                 print(f"udp-bridge: started embedded broker on {bootstrap}", file=sys.stderr, flush=True)
-            ensure_topic(bootstrap, args.topic, args.partitions)
+            try:  # a malformed address: exit 2; no broker within the connect timeout: one line, exit 3
+                ensure_topic(bootstrap, args.topic, args.partitions, connect_timeout_s=args.connect_timeout)
+            except ReplayInputError as e:
+                print(f"stream-anon udp-bridge: {e}", file=sys.stderr)
+                return 2
+            except BrokerUnreachableError as e:
+                print(f"stream-anon udp-bridge: {e}", file=sys.stderr)
+                return 3
             kafka_sink = KafkaSink(bootstrap, args.topic, metrics=metrics)
             stack.callback(kafka_sink.close)
             sink = kafka_sink

@@ -33,12 +33,19 @@ import numpy as np
 import yaml
 
 from stream_anon.config.side_paths import SidePathConfig, SidePathConfigError, SideTopics, plan_side_paths
+from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.diversity import DiversityRequirement
 from stream_anon.core.engine.castle import diversity_requirement
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
-from stream_anon.kafka_io.settings import PRODUCER_CLIENTS, KafkaSettings, TopicLayout
+from stream_anon.kafka_io.settings import (
+    PRODUCER_CLIENTS,
+    BootstrapAddressError,
+    KafkaSettings,
+    TopicLayout,
+    parse_bootstrap_servers,
+)
 from stream_anon.privacy.base import PrivacyParameterError
 
 ENV_PREFIX = "STREAM_ANON_"
@@ -47,7 +54,27 @@ DEFAULT_TICK_SECONDS = 5.0
 its end, in a random order, all with the tick's end as their Kafka timestamp (:mod:`stream_anon.service.ticks`)."""
 MAX_TICK_SECONDS = 3600.0
 """The longest ``release.tick_seconds`` (an hour; ``stream_anon.service.ticks`` checks the same bound)."""
-_SIDE_TOPICS = SideTopics()  # the side topics' default names are written once, in stream_anon.config.side_paths
+
+RAW_SUFFIX = ".raw"
+DERIVED_TOPICS = ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")
+"""The ``topics`` options that default to ``<base>.<option>``, base = the input topic without a trailing ``.raw``
+(:func:`derived_topic`): input ``visits.raw`` (or ``visits``) -> ``visits.anon``, ``visits.dlq``, ...  The ledger
+is ``<input>.ledger`` and the side paths' budget topic ``<input>.side-budget``."""
+PATH_OPTIONS = ("anonymization.schema", "kafka.ssl_cafile", "kafka.ssl_certfile", "kafka.ssl_keyfile",
+                "kafka.ssl_crlfile")
+"""Options naming files: a relative path in a config file is resolved against that file's folder (from a flag
+or an environment variable: against the current directory)."""
+
+
+def topic_base(input_topic: str) -> str:
+    """The input topic without a trailing ``.raw`` (``visits.raw`` -> ``visits``; ``visits`` stays)."""
+    return input_topic[: -len(RAW_SUFFIX)] if input_topic.endswith(RAW_SUFFIX) and input_topic != RAW_SUFFIX \
+        else input_topic
+
+
+def derived_topic(input_topic: str, option: str) -> str:
+    """The default name of the topic option ``option`` (one of :data:`DERIVED_TOPICS`) for ``input_topic``."""
+    return f"{topic_base(input_topic)}.{option}"
 
 
 class ConfigError(ValueError):
@@ -56,21 +83,38 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TopicSettings:
-    """Topic names (defaults for input ``adult.raw``) and how the service creates missing topics."""
+    """Topic names and how the service creates missing topics.
+
+    Every output topic left empty (``null`` in a file) is derived from the input (:data:`DERIVED_TOPICS`):
+    ``<input without .raw>.anon`` and so on; the defaults are those of input ``adult.raw``.
+    """
 
     input: str = "adult.raw"
-    anon: str = "adult.anon"
-    krr: str = _SIDE_TOPICS.krr
-    rs: str = _SIDE_TOPICS.rs
-    blap: str = _SIDE_TOPICS.blap
-    estimates: str = _SIDE_TOPICS.estimates
-    kmeans: str = _SIDE_TOPICS.kmeans
-    dlq: str = _SIDE_TOPICS.dlq
-    suppressed: str = "adult.suppressed"
+    anon: str = ""  # "" (null): <base>.anon, base = input without a trailing .raw
+    krr: str = ""  # "": <base>.krr
+    rs: str = ""  # "": <base>.rs
+    blap: str = ""  # "": <base>.blap
+    estimates: str = ""  # "": <base>.estimates
+    kmeans: str = ""  # "": <base>.kmeans
+    dlq: str = ""  # "": <base>.dlq
+    suppressed: str = ""  # "": <base>.suppressed
     ledger: str | None = None  # the internal ledger (compacted); None = "<input>.ledger"
     create: bool = True  # create missing topics at start
     partitions: int = 1  # partitions of topics the service creates (outputs get as many as the input has)
     replication_factor: int = 1
+
+    def __post_init__(self) -> None:
+        derived = []
+        for option in DERIVED_TOPICS:
+            if not getattr(self, option):
+                object.__setattr__(self, option, derived_topic(self.input, option))
+                derived.append(option)
+        object.__setattr__(self, "_derived", frozenset(derived))
+
+    @property
+    def derived(self) -> frozenset[str]:
+        """The options whose names were derived from the input (not given)."""
+        return self._derived  # type: ignore[attr-defined,no-any-return]
 
     def outputs(self) -> dict[str, str]:
         return {"anon": self.anon, "suppressed": self.suppressed, "dlq": self.dlq}
@@ -88,8 +132,9 @@ class TopicSettings:
                           dlq=self.dlq)
 
     def service_topics(self) -> list[str]:
-        """Every topic the service creates at start: input, ledger, outputs and side topics."""
-        return list(dict.fromkeys([self.input, self.ledger_topic(), *self.outputs().values(), *self.side().values()]))
+        """The topics the main path creates at start: input, ledger and its outputs (the side paths create the
+        topics of the side paths that run: :mod:`stream_anon.side.app`)."""
+        return list(dict.fromkeys([self.input, self.ledger_topic(), *self.outputs().values()]))
 
     def layout(self) -> TopicLayout:
         """How missing topics are created: ``create``, ``partitions`` (at least as many as the input has),
@@ -105,21 +150,21 @@ class AnonymizationSettings:
     schema: str | None = None  # schema file (YAML/JSON); None = the shipped ADULT schema
     qi: list[str] | None = None  # None = the schema's quasi-identifiers
     sensitive: str | None = None  # None = the schema's sensitive attribute
-    k: int = 10
-    delta: int = 1000
-    beta: int = 50
-    mu: int = 100
-    algorithm: str = "castle"  # castle | ubdsa
-    loss: str = "gt"  # gt | lm | ubdsa
-    leftover: str = "suppress"  # suppress | leftover
+    k: int = DEFAULTS.k  # every command's defaults: stream_anon.core.defaults
+    delta: int = DEFAULTS.delta
+    beta: int = DEFAULTS.beta
+    mu: int = DEFAULTS.mu
+    algorithm: str = DEFAULTS.algorithm  # castle | ubdsa
+    loss: str = DEFAULTS.loss  # gt | lm | ubdsa
+    leftover: str = DEFAULTS.leftover  # suppress | leftover
     delta_leftover: int | None = None
-    l: int | float | None = 2  # noqa: E741  (l of the l-diversity model; null: none, see docs/threat-model.md)
-    diversity: str = "distinct"  # distinct | entropy | recursive (the l-diversity model, core/diversity.py)
-    c: float | None = None  # c of recursive (c, l)-diversity
-    t_closeness: float | None = 0.2  # t-closeness against the stream's running distribution (null: off; threat-model.md)
-    t_distance: str = "auto"  # auto | equal | ordered: ground distance of t-closeness
+    l: int | float | None = DEFAULTS.l  # noqa: E741  (l of the l-diversity model; null: none, docs/threat-model.md)
+    diversity: str = DEFAULTS.diversity  # distinct | entropy | recursive (the l-diversity model, core/diversity.py)
+    c: float | None = DEFAULTS.c  # c of recursive (c, l)-diversity
+    t_closeness: float | None = DEFAULTS.t_closeness  # t-closeness against the stream's running distribution (null: off)
+    t_distance: str = DEFAULTS.t_distance  # auto | equal | ordered: ground distance of t-closeness
     t_reference_every: int | None = None  # the running distribution is frozen every this many arrivals (null: delta)
-    zeta: int | None = 0  # CASTLE's cluster reuse: the service requires 0 (docs/threat-model.md)
+    zeta: int | None = DEFAULTS.zeta  # CASTLE's cluster reuse: the service requires 0 (docs/threat-model.md)
     max_age: int | None = None
     max_delay_seconds: float | None = None
     adaptive_delay: bool = False
@@ -212,6 +257,7 @@ class Config:
             if not isinstance(data, Mapping):
                 raise ConfigError(f"config file {p}: expected a mapping of sections at top level, got {type(data).__name__}")
             _apply_mapping(tree, cls, data, prefix="", origin=f"config file {p}")
+            _resolve_paths(tree, data, p.parent)
         for name, raw in sorted((env if env is not None else os.environ).items()):
             if not name.startswith(ENV_PREFIX):
                 continue
@@ -264,6 +310,11 @@ class Config:
         for name, ok, allowed, value in checks:
             if not ok:
                 raise ConfigError(f"option {name}: expected {allowed}, got {value!r}")
+        if k.bootstrap_servers is not None:
+            try:
+                parse_bootstrap_servers(k.bootstrap_servers)
+            except BootstrapAddressError as e:
+                raise ConfigError(f"option kafka.bootstrap_servers: {e}") from None
         names = [t.input, *t.outputs().values(), t.ledger_topic()]
         if len(set(names)) != len(names):
             raise ConfigError(f"topics: input, output and ledger topics must differ, got {names}")
@@ -296,6 +347,19 @@ class Config:
             except PrivacyParameterError as e:
                 raise ConfigError(f"side_paths: {e}") from None
 
+    def side_paths_off(self) -> str | None:
+        """Why the side paths do not run, or None when they do: turned off, or the schema declares no side-path
+        attribute and the configuration lists none (nothing to publish)."""
+        if not self.side_paths.enabled:
+            return "side_paths.enabled is false"
+        if self.service.side_paths_mode == "off":
+            return "service.side_paths_mode is off"
+        schema = self.anonymization.load_schema()
+        if not plan_side_paths(self.side_paths, schema, np.random.default_rng(0)).publishes:
+            return (f"schema {schema.name!r} declares no side-path attributes (declare them with side_paths: [krr, "
+                    f"rs, blap, kmeans] on an attribute, or list them in side_paths.<path>.attributes)")
+        return None
+
     def release_options(self) -> ReleaseOptions:
         """The options of the release formats (``release.*``, ``dlq.payload``, ``service.dlq_max_bytes``)."""
         return ReleaseOptions(include_record_ids=self.release.include_record_ids, secret=self.release.secret,
@@ -313,6 +377,19 @@ class Config:
         if d["release"].get("secret"):
             d["release"]["secret"] = "***"
         return d
+
+
+def _resolve_paths(tree: Tree, data: Mapping[str, Any], base: Path) -> None:
+    """The :data:`PATH_OPTIONS` a config file sets, relative ones resolved against the file's folder ``base``."""
+    for dotted in PATH_OPTIONS:
+        section, option = dotted.split(".")
+        given = data.get(section)
+        keys = {str(k).replace("-", "_") for k in given} if isinstance(given, Mapping) else set()
+        value = tree[section].get(option)
+        if option in keys and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                tree[section][option] = str(base / path)
 
 
 def _check_service_privacy(a: AnonymizationSettings, schema: Schema) -> None:
@@ -378,8 +455,11 @@ Tree = dict[str, Any]
 
 def _tree(cfg: object) -> Tree:
     assert dataclasses.is_dataclass(cfg)
-    return {f.name: _tree(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
+    tree = {f.name: _tree(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
             else getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, TopicSettings):  # derived names follow a later change of the input
+        tree.update({option: "" for option in cfg.derived})
+    return tree
 
 
 def _build(cls: type[Any], tree: Tree) -> Any:
@@ -459,6 +539,9 @@ def _convert(value: Any, hint: Any, name: str, origin: str) -> Any:
             except ConfigError:
                 continue
         return _convert(value, inner[-1], name, origin)
+    if hint is str and name.startswith("topics.") and name[len("topics."):] in DERIVED_TOPICS and (
+            value is None or (isinstance(value, str) and value.strip() in ("", "null"))):
+        return ""  # derived from the input topic
     if origin_t is list:
         if isinstance(value, str):
             parsed = _parse_scalar(value)

@@ -32,6 +32,7 @@ from stream_anon.core.schema import Kind, Schema, adult_schema
 from stream_anon.privacy.bounded_laplace import BoundedLaplace, DiscretizedBoundedLaplace
 from stream_anon.privacy.budget import RELATIVE_TOLERANCE
 from stream_anon.privacy.discrete_laplace import fraction_upper
+from stream_anon.privacy.display import format_epsilon
 from stream_anon.privacy.dp_kmeans import QuadTreeKMeans
 from stream_anon.privacy.mechanism import PrivacyMechanism
 from stream_anon.privacy.randomized_response import KRandomizedResponse
@@ -41,9 +42,18 @@ OUT_OF_DOMAIN_MODES = ("clip", "skip")
 """``side_paths.out_of_domain``: clip an out-of-domain numeric value into the schema's public domain, or skip the
 record (the main path dead-letters it either way)."""
 
-DEFAULT_EPSILON = 1.0
-"""eps per attribute when neither ``epsilon`` nor ``record_epsilon`` (nor, for random substitution, ``gamma``) is
-set."""
+DEFAULT_RECORD_EPSILON: dict[str, float] = {"krr": 1.4, "rs": 1.0, "blap": 1.1}
+"""A topic's eps per record, split equally over its attributes, when neither ``epsilon`` nor ``record_epsilon`` (nor,
+for random substitution, ``gamma``) is set.  With the k-means window's 0.4 the default record spends 3.9 (stated
+3.9000000000050...) over all side outputs, under the default lifetime cap of 4 (docs/side-paths.md)."""
+DEFAULT_LIFETIME_CAP = 4.0
+"""``person_budget.cap_epsilon`` by default: what one record (or person) may spend over all side outputs, all passes
+and all consumer groups together: a lifetime cap, counted in the persisted sketch."""
+DEFAULT_MIXING_RECORDS = 1000
+"""``mixing.records``: a window of side copies is released once it holds this many records (or is
+``mixing.seconds`` old)."""
+DEFAULT_MIXING_SECONDS = 30.0
+"""``mixing.seconds``: a window of side copies is released at the latest this long after its first record."""
 
 
 class SidePathConfigError(ValueError):
@@ -53,13 +63,13 @@ class SidePathConfigError(ValueError):
 # ============================================================================================ options
 @dataclass(frozen=True)
 class KRRConfig:
-    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (then
-    ``epsilon`` is not used)."""
+    """k-RR copies on ``adult.krr``: ``epsilon`` per attribute, or ``record_epsilon`` split equally (at most one of
+    them; neither: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON` ``["krr"]``).  ``attributes`` None: the
+    schema's attributes that declare ``side_paths: [krr]``."""
 
     enabled: bool = True
-    attributes: list[str] = field(
-        default_factory=lambda: ["sex", "race", "marital-status", "relationship", "workclass"])
-    epsilon: float = DEFAULT_EPSILON
+    attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [krr])
+    epsilon: float | None = None
     record_epsilon: float | None = None  # set: every attribute targets record_epsilon / len(attributes)
 
 
@@ -70,13 +80,13 @@ class RSConfig:
     Give at most one of ``epsilon`` (the target eps per attribute; gamma derived: ``e^eps`` for l = 1,
     ``e^(eps/l)`` for independent l-extended, bisection on the exact eps for ``no-repeat``), ``record_epsilon``
     (split equally over the attributes) or ``gamma`` (the matrix parameter itself; its exact eps is what is
-    stated and counted against the caps).  None of them: ``epsilon`` = 1.  ``l`` > 1: l-extended substitution,
-    ``variant`` ``independent`` | ``no-repeat``.
+    stated and counted against the caps).  None of them: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON`
+    ``["rs"]``.  ``l`` > 1: l-extended substitution, ``variant`` ``independent`` | ``no-repeat``.
     """
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["education", "occupation"])
-    epsilon: float | None = None  # None: 1.0 unless gamma or record_epsilon is set
+    attributes: list[str] | None = None  # None: from the schema (attributes declaring side_paths: [rs])
+    epsilon: float | None = None
     gamma: float | None = None
     l: int = 1  # noqa: E741
     variant: str = "independent"
@@ -87,12 +97,13 @@ class RSConfig:
 class BLapConfig:
     """Bounded Laplace copies on ``adult.blap``: numeric ``attributes`` on the schema's public domain (an exact
     grid: the integer grid for integer attributes) and ``categorical_attributes`` through the discretized bounded
-    Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally."""
+    Laplace (categories in schema order); ``epsilon`` per attribute or ``record_epsilon`` split equally (at most one
+    of them; neither: ``record_epsilon`` = :data:`DEFAULT_RECORD_EPSILON` ``["blap"]``)."""
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week", "education-num"])
-    categorical_attributes: list[str] = field(default_factory=lambda: ["income"])
-    epsilon: float = DEFAULT_EPSILON
+    attributes: list[str] | None = None  # None: the schema's numeric attributes declaring side_paths: [blap]
+    categorical_attributes: list[str] | None = None  # None: the schema's categorical ones declaring it
+    epsilon: float | None = None
     record_epsilon: float | None = None
     boundary_width: float = 0.1  # of the boundary-corrected mean estimator (normalized units)
 
@@ -108,9 +119,9 @@ class KMeansConfig:
     """
 
     enabled: bool = True
-    attributes: list[str] = field(default_factory=lambda: ["age", "hours-per-week"])
+    attributes: list[str] | None = None  # None: the schema's attributes declaring side_paths: [kmeans]
     n_clusters: int = 3
-    epsilon: float = 1.0
+    epsilon: float = 0.4
     gamma: float = 0.5
     window: int = 5000
     variant: str = "uniquad"
@@ -120,14 +131,27 @@ class KMeansConfig:
 
 @dataclass(frozen=True)
 class PersonBudgetConfig:
-    """Per-person eps cap for schemas with a person id: a keyed count-min sketch
-    (:class:`~stream_anon.privacy.person_budget.PersonBudgetSketch`, ``depth`` x ``width`` counters, 8 bytes each)
-    charged one record's total eps per record; a record whose person would exceed ``cap_epsilon`` gets no side
-    output at all.  Persisted with the other budgets."""
+    """The lifetime eps cap of each person (the schema's ``person_id``) or, without a person id, of each record (its
+    ``record_id``): a keyed count-min sketch (:class:`~stream_anon.privacy.person_budget.PersonBudgetSketch`,
+    ``depth`` x ``width`` counters, 8 bytes each) charged one record's total eps each time the record is perturbed,
+    over all passes and consumer groups; a record whose person (or id) would exceed ``cap_epsilon`` gets no side
+    output at all.  Persisted with the other budgets, keyed by the input topic.  ``cap_epsilon: null`` turns the
+    cap off (every pass over the same records then spends again; a WARNING at start)."""
 
-    cap_epsilon: float | None = None  # None: no per-person cap
-    width: int = 1 << 18
-    depth: int = 4
+    cap_epsilon: float | None = DEFAULT_LIFETIME_CAP
+    width: int = 1 << 17
+    depth: int = 8  # 8 x 2^17 x 8 bytes = 8 MiB; all of ADULT: ~0.1 false refusals (docs/side-paths.md)
+
+
+@dataclass(frozen=True)
+class MixingConfig:
+    """Side copies leave in windows: the copies of one input partition's records are held until the window holds
+    ``records`` records or its first record is ``seconds`` old, then each topic's copies of the window are sent in
+    an independent uniformly random order, all with the window's release time as their Kafka timestamp
+    (:mod:`stream_anon.side.mixing`)."""
+
+    records: int = DEFAULT_MIXING_RECORDS
+    seconds: float = DEFAULT_MIXING_SECONDS
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,7 @@ class SidePathConfig:
     blap: BLapConfig = field(default_factory=BLapConfig)
     kmeans: KMeansConfig = field(default_factory=KMeansConfig)
     person_budget: PersonBudgetConfig = field(default_factory=PersonBudgetConfig)
+    mixing: MixingConfig = field(default_factory=MixingConfig)
     estimates_every: int = 5000  # records between two rounds of estimates (0 = only at flush/timer)
     estimates_every_seconds: float | None = 60.0  # also publish after this long with new records
     total_epsilon: float | None = None  # cap on one record's eps summed over all side outputs (None = no cap)
@@ -200,6 +225,21 @@ class SideTopics:
     def per_record(self) -> dict[Role, str]:
         """Role of a per-record topic -> its name."""
         return {"krr": self.krr, "rs": self.rs, "blap": self.blap}
+
+
+def with_schema_attributes(config: SidePathConfig, schema: Schema) -> SidePathConfig:
+    """``config`` with every attribute list left unset (None) taken from the schema's ``side_paths``
+    declarations (:meth:`~stream_anon.core.schema.Schema.side_path_attributes`); lists given are kept."""
+    def given(value: list[str] | None, path: str, kind: Kind | None = None) -> list[str]:
+        return list(value) if value is not None else schema.side_path_attributes(path, kind)
+
+    k, r, b, m = config.krr, config.rs, config.blap, config.kmeans
+    return dataclasses.replace(
+        config, krr=dataclasses.replace(k, attributes=given(k.attributes, "krr")),
+        rs=dataclasses.replace(r, attributes=given(r.attributes, "rs")),
+        blap=dataclasses.replace(b, attributes=given(b.attributes, "blap", Kind.NUMERIC),
+                                 categorical_attributes=given(b.categorical_attributes, "blap", Kind.CATEGORICAL)),
+        kmeans=dataclasses.replace(m, attributes=given(m.attributes, "kmeans", Kind.NUMERIC)))
 
 
 def budget_topic(config: SidePathConfig, input_topic: str) -> str:
@@ -269,6 +309,11 @@ class SidePlan:
     def epsilon_kmeans(self) -> float:
         return self.kmeans.epsilon if self.kmeans is not None else 0.0
 
+    @property
+    def publishes(self) -> bool:
+        """Whether any side path has an attribute to publish (False: nothing would run)."""
+        return bool(self.krr or self.rs or self.blap_numeric or self.blap_categorical or self.kmeans)
+
 
 def upper_sum(values: Iterable[float]) -> float:
     """The exact sum of the doubles ``values`` rounded UP to a double (so a stated total is never below the sum
@@ -291,11 +336,20 @@ def _positive(option: str, value: Any) -> float:
     return float(value)
 
 
-def _split(option: str, per_attribute: float, record_epsilon: float | None, n: int) -> float:
-    """Target eps per attribute: ``record_epsilon / n`` when a per-record budget is split, else ``per_attribute``."""
-    if record_epsilon is None:
+def _split(option: str, per_attribute: float | None, record_epsilon: float | None, n: int) -> float:
+    """Target eps per attribute of topic ``option``: ``epsilon``, or ``record_epsilon / n``; both given is refused
+    naming both (they would disagree about what a record spends); neither: the topic's
+    :data:`DEFAULT_RECORD_EPSILON` split over the ``n`` attributes."""
+    if per_attribute is not None and record_epsilon is not None:
+        raise SidePathConfigError(
+            f"options side_paths.{option}.epsilon ({per_attribute!r}) and side_paths.{option}.record_epsilon "
+            f"({record_epsilon!r}) are both set: give one of them (epsilon per attribute, or record_epsilon split "
+            f"equally over the {n} attribute(s))")
+    if per_attribute is not None:
         return _positive(f"{option}.epsilon", per_attribute)
-    return _positive(f"{option}.record_epsilon", record_epsilon) / max(n, 1)
+    if record_epsilon is not None:
+        return _positive(f"{option}.record_epsilon", record_epsilon) / max(n, 1)
+    return DEFAULT_RECORD_EPSILON[option] / max(n, 1)
 
 
 def _categories(schema: Schema, option: str, name: str) -> list[str]:
@@ -314,14 +368,19 @@ def _public_bounds(schema: Schema, option: str, name: str) -> tuple[float, float
     return float(attr.lo), float(attr.hi)
 
 
-def _fmt(eps: float) -> str:
-    return repr(float(eps))
+def _fmt(eps: float, cap: Any = None) -> str:
+    """eps at 4 decimals (the exact double stays in the outputs); beside a cap, enough decimals to differ."""
+    return format_epsilon(eps, beside=float(cap) if isinstance(cap, int | float) and not isinstance(cap, bool)
+                          else None)
 
 
 def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Generator) -> SidePlan:
     """Check every side-path option against ``schema``, build the mechanisms (drawing from ``rng``), compute the
     exact eps of each and refuse a configuration whose sums exceed a cap (the error names the option and the exact
-    values)."""
+    values).  Attribute lists left unset come from the schema (:func:`with_schema_attributes`); a path without
+    attributes is off (k-means given an explicit empty list is an error)."""
+    kmeans_listed = config.kmeans.attributes is not None
+    config = with_schema_attributes(config, schema)
     _check_general(config, schema)
     krr = _plan_krr(config.krr, schema, rng)
     rs = _plan_rs(config.rs, schema, rng)
@@ -337,8 +396,8 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
         per_role[role] = total = upper_sum(epsilons)
         if cap is not None and exceeds(total, cap):
             raise _err(f"{role}.record_epsilon", f"at least the exact eps one record spends on the topic ("
-                       f"{_fmt(total)} = " + " + ".join(_fmt(e) for e in epsilons) + ")", cap)
-    kmeans = _plan_kmeans(config.kmeans, schema, rng)
+                       f"{_fmt(total, cap)} = " + " + ".join(_fmt(e) for e in epsilons) + ")", cap)
+    kmeans = _plan_kmeans(config.kmeans, schema, rng) if kmeans_listed or config.kmeans.attributes else None
     parts = [*per_role.values(), *([kmeans.epsilon] if kmeans is not None else [])]
     eps_all = upper_sum(parts) if parts else 0.0
     if config.total_epsilon is not None:
@@ -347,16 +406,17 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
             detail = ", ".join([f"{role}: {_fmt(e)}" for role, e in per_role.items()]
                                + ([f"kmeans (one window): {_fmt(kmeans.epsilon)}"] if kmeans is not None else []))
             raise _err("total_epsilon", f"at least the exact eps one record spends over all side outputs "
-                       f"({_fmt(eps_all)} = {detail})", config.total_epsilon)
+                       f"({_fmt(eps_all, cap)} = {detail})", config.total_epsilon)
     pb = config.person_budget
     if pb.cap_epsilon is not None:
         cap = _positive("person_budget.cap_epsilon", pb.cap_epsilon)
-        if schema.person_id is None:
-            raise _err("person_budget.cap_epsilon", f"null for schema {schema.name!r}, which declares no person_id "
-                       f"(a per-person cap needs the person id field)", pb.cap_epsilon)
+        if schema.person_id is None and schema.record_id is None:
+            raise _err("person_budget.cap_epsilon", f"null for schema {schema.name!r}, which declares neither a "
+                       f"person_id nor a record_id (the lifetime cap counts what each person, else each record id, "
+                       f"spent)", pb.cap_epsilon)
         if exceeds(eps_all, cap):
             raise _err("person_budget.cap_epsilon", f"at least the exact eps of one record over all side outputs "
-                       f"({_fmt(eps_all)})", pb.cap_epsilon)
+                       f"({_fmt(eps_all, cap)})", pb.cap_epsilon)
         for name, value, lo, hi in (("width", pb.width, 16, 1 << 30), ("depth", pb.depth, 1, 16)):
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise _err(f"person_budget.{name}", f"an integer in [{lo}, {hi}]", value)
@@ -364,6 +424,15 @@ def plan_side_paths(config: SidePathConfig, schema: Schema, rng: np.random.Gener
 
 
 def _check_general(config: SidePathConfig, schema: Schema) -> None:
+    for section in ("krr", "blap"):  # (rs checks epsilon / record_epsilon / gamma in _plan_rs, also when disabled)
+        sec = getattr(config, section)
+        if sec.epsilon is not None and sec.record_epsilon is not None:
+            _split(section, sec.epsilon, sec.record_epsilon, len(sec.attributes or ()))  # raises, naming both
+    m = config.mixing
+    if isinstance(m.records, bool) or not isinstance(m.records, int) or m.records < 1:
+        raise _err("mixing.records", "an integer >= 1 (records per window of side copies)", m.records)
+    if isinstance(m.seconds, bool) or not isinstance(m.seconds, int | float) or not 0 < m.seconds <= 86_400:
+        raise _err("mixing.seconds", "a number of seconds in (0, 86400]", m.seconds)
     if config.out_of_domain not in OUT_OF_DOMAIN_MODES:
         raise _err("out_of_domain", " or ".join(repr(m) for m in OUT_OF_DOMAIN_MODES), config.out_of_domain)
     for name in ("pseudonyms", "allow_seeded_noise", "truth", "dead_letter"):
@@ -387,12 +456,18 @@ def _exact(mech: PrivacyMechanism) -> float:
     return float(mech.exact_epsilon)
 
 
+def _names(attributes: list[str] | None) -> list[str]:
+    """An attribute list after :func:`with_schema_attributes` (never None there)."""
+    return list(attributes or ())
+
+
 def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
-    if not (k.enabled and k.attributes):
+    attributes = _names(k.attributes)
+    if not (k.enabled and attributes):
         return []
-    eps = _split("krr", k.epsilon, k.record_epsilon, len(k.attributes))
+    eps = _split("krr", k.epsilon, k.record_epsilon, len(attributes))
     out = []
-    for a in k.attributes:
+    for a in attributes:
         cats = _categories(schema, "krr.attributes", a)
         m = KRandomizedResponse(epsilon=eps, categories=cats, rng=rng)
         out.append(CategoricalPlan("krr", "krr", a, cats, m, _exact(m)))
@@ -400,23 +475,23 @@ def _plan_krr(k: KRRConfig, schema: Schema, rng: np.random.Generator) -> list[Ca
 
 
 def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[CategoricalPlan]:
-    if not (r.enabled and r.attributes):
-        return []
-    if r.variant not in ("independent", "no-repeat"):
-        raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
-    if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
-        raise _err("rs.l", "an integer >= 1", r.l)
     given = [name for name, v in (("rs.epsilon", r.epsilon), ("rs.record_epsilon", r.record_epsilon),
                                   ("rs.gamma", r.gamma)) if v is not None]
     if len(given) > 1:
         raise _err(given[-1], f"null when {given[0]} is set (give one of rs.epsilon, rs.record_epsilon, rs.gamma: "
                    f"the exact eps of the resulting gamma is what is stated)", getattr(r, given[-1].split(".")[1]))
+    attributes = _names(r.attributes)
+    if not (r.enabled and attributes):
+        return []
+    if r.variant not in ("independent", "no-repeat"):
+        raise _err("rs.variant", "'independent' or 'no-repeat'", r.variant)
+    if isinstance(r.l, bool) or not isinstance(r.l, int) or r.l < 1:
+        raise _err("rs.l", "an integer >= 1", r.l)
     gamma_fixed = None if r.gamma is None else _positive("rs.gamma", r.gamma)
-    eps_target = 0.0 if gamma_fixed is not None else _split(
-        "rs", r.epsilon if r.epsilon is not None else DEFAULT_EPSILON, r.record_epsilon, len(r.attributes))
+    eps_target = 0.0 if gamma_fixed is not None else _split("rs", r.epsilon, r.record_epsilon, len(attributes))
     name = "rs" if r.l == 1 else f"rs-l/{r.variant}"
     out = []
-    for a in r.attributes:
+    for a in attributes:
         cats = _categories(schema, "rs.attributes", a)
         gamma = gamma_fixed if gamma_fixed is not None else \
             gamma_for_epsilon(len(cats), eps_target, r.l, r.variant)  # type: ignore[arg-type]
@@ -432,16 +507,17 @@ def _plan_rs(r: RSConfig, schema: Schema, rng: np.random.Generator) -> list[Cate
 
 def _plan_blap(b: BLapConfig, schema: Schema,
                rng: np.random.Generator) -> tuple[list[NumericPlan], list[CategoricalPlan]]:
-    if not (b.enabled and (b.attributes or b.categorical_attributes)):
+    numeric_names, categorical_names = _names(b.attributes), _names(b.categorical_attributes)
+    if not (b.enabled and (numeric_names or categorical_names)):
         return [], []
-    eps = _split("blap", b.epsilon, b.record_epsilon, len(b.attributes) + len(b.categorical_attributes))
+    eps = _split("blap", b.epsilon, b.record_epsilon, len(numeric_names) + len(categorical_names))
     numeric = []
-    for a in b.attributes:
+    for a in numeric_names:
         lo, hi = _public_bounds(schema, "blap.attributes", a)
         m = BoundedLaplace(epsilon=eps, lower=lo, upper=hi, integer=schema[a].integer, rng=rng)
         numeric.append(NumericPlan(a, m, b.boundary_width, _exact(m)))
     categorical = []
-    for a in b.categorical_attributes:
+    for a in categorical_names:
         cats = _categories(schema, "blap.categorical_attributes", a)
         mc = DiscretizedBoundedLaplace(epsilon=eps, categories=cats, rng=rng)
         categorical.append(CategoricalPlan("blap", "blap-cat", a, cats, mc, _exact(mc)))
@@ -458,9 +534,10 @@ def kmeans_mechanism(k: KMeansConfig, lower: np.ndarray, upper: np.ndarray,
 def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> KMeansPlan | None:
     if not k.enabled:
         return None
-    if len(k.attributes) < 1:
+    attributes = _names(k.attributes)
+    if len(attributes) < 1:
         raise _err("kmeans.attributes", "at least one numeric attribute", k.attributes)
-    bounds = [_public_bounds(schema, "kmeans.attributes", a) for a in k.attributes]
+    bounds = [_public_bounds(schema, "kmeans.attributes", a) for a in attributes]
     if isinstance(k.window, bool) or not isinstance(k.window, int) or k.window < max(2, k.n_clusters):
         raise _err("kmeans.window", f"an integer >= max(2, n_clusters={k.n_clusters})", k.window)
     if k.variant not in ("quad", "uniquad"):
@@ -471,6 +548,6 @@ def _plan_kmeans(k: KMeansConfig, schema: Schema, rng: np.random.Generator) -> K
     km = kmeans_mechanism(k, lower, upper, rng)  # validates n_clusters, gamma and the box
     window_eps = _exact(km)
     if k.total_epsilon is not None and exceeds(window_eps, _positive("kmeans.total_epsilon", k.total_epsilon)):
-        raise _err("kmeans.total_epsilon", f"at least the exact eps of one window ({_fmt(window_eps)})",
+        raise _err("kmeans.total_epsilon", f"at least the exact eps of one window ({_fmt(window_eps, k.total_epsilon)})",
                    k.total_epsilon)
-    return KMeansPlan(list(k.attributes), lower, upper, window_eps, float(km.epsilon_tree), float(km.epsilon_counts))
+    return KMeansPlan(attributes, lower, upper, window_eps, float(km.epsilon_tree), float(km.epsilon_counts))

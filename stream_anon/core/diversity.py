@@ -42,9 +42,11 @@ from typing import Any
 
 import numpy as np
 
-MODELS = ("distinct", "entropy", "recursive")
+from stream_anon.core.defaults import DIVERSITY_MODELS, T_DISTANCES
+
+MODELS = DIVERSITY_MODELS
 """The l-diversity variants (``diversity`` option)."""
-DISTANCES = ("auto", "equal", "ordered")
+DISTANCES = T_DISTANCES
 """Ground distances of t-closeness: ``auto`` = ordered for a numeric sensitive attribute, equal otherwise."""
 TOLERANCE = 1e-9
 """Slack of the floating-point comparisons (entropy in nats, EMD in [0, 1])."""

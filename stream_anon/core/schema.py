@@ -10,7 +10,13 @@ A schema file (YAML or JSON) looks like::
       - {name: age, role: quasi_identifier, type: numeric, domain: [17, 90], integer: true,
          source: "adult.names extraction AAGE > 16; CPS top-code 90"}
       - {name: workclass, role: quasi_identifier, type: categorical, hierarchy: hierarchies/workclass.csv}
-      - {name: income, role: sensitive, type: categorical, values: ["<=50K", ">50K"]}
+      - {name: income, role: sensitive, type: categorical, values: ["<=50K", ">50K"], side_paths: [blap]}
+
+``side_paths`` (optional, per attribute) declares which local-DP side paths publish perturbed copies of the
+attribute (:data:`SIDE_PATHS`): ``krr`` and ``rs`` take categorical attributes with a declared domain, ``kmeans``
+numeric ones with a public domain, ``blap`` either; identifiers never.  The service's side paths take their
+attributes from these declarations unless the configuration lists them; a schema that declares none runs no
+side paths.
 
 Numeric quasi-identifiers generalize to intervals inside the configured *public* domain
 ``[lo, hi]`` (never the running min/max of the stream: that would leak and drift); ``source`` says where
@@ -47,6 +53,11 @@ class Kind(StrEnum):
     CATEGORICAL = "categorical"
 
 
+SIDE_PATHS = ("krr", "rs", "blap", "kmeans")
+"""The local-DP side paths an attribute can declare (``side_paths: [...]``): k-randomized response and random
+substitution (categorical), bounded Laplace (numeric or categorical), windowed DP k-means (numeric)."""
+
+
 class SchemaError(ValueError):
     """A schema file, or a record checked against a schema, is invalid.
 
@@ -71,6 +82,7 @@ class Attribute:
     hierarchy: Hierarchy | None = None  # categorical QIs
     values: tuple[str, ...] | None = None  # categorical non-QI domain (e.g. sensitive)
     source: str | None = None  # where the public domain comes from (documentation, top-code or policy)
+    side_paths: tuple[str, ...] = ()  # side paths that publish perturbed copies of it (SIDE_PATHS)
 
     @property
     def is_qi(self) -> bool:
@@ -199,6 +211,11 @@ class Schema:
     @property
     def sensitive(self) -> list[Attribute]:
         return [a for a in self.attributes if a.role is Role.SENSITIVE]
+
+    def side_path_attributes(self, path: str, kind: Kind | None = None) -> list[str]:
+        """Names of the attributes that declare ``path`` in their ``side_paths`` (of ``kind`` when given), in
+        schema order."""
+        return [a.name for a in self.attributes if path in a.side_paths and (kind is None or a.kind is kind)]
 
     def with_roles(self, qis: Sequence[str] | None = None, sensitive: str | None = None) -> Schema:
         """A copy with the QI set (and optionally the sensitive attribute) replaced.
@@ -338,9 +355,10 @@ class Schema:
             if source is not None and not (isinstance(source, str) and source.strip()):
                 raise SchemaError(f"schema {name!r}, attribute {an!r}: source must be a non-empty string, got {source!r}",
                                   field=an, allowed="a non-empty string", value=source)
-            attrs.append(Attribute(name=an, role=role, kind=kind, lo=lo, hi=hi, integer=bool(a.get("integer", False)),
-                                   hierarchy=hierarchy, values=values,
-                                   source=" ".join(source.split()) if source is not None else None))
+            attr = Attribute(name=an, role=role, kind=kind, lo=lo, hi=hi, integer=bool(a.get("integer", False)),
+                             hierarchy=hierarchy, values=values,
+                             source=" ".join(source.split()) if source is not None else None)
+            attrs.append(replace(attr, side_paths=_side_paths(name, attr, a.get("side_paths"))))
         return cls(name=name, attributes=tuple(attrs), record_id=spec.get("record_id", "id"),
                    person_id=spec.get("person_id"), missing=spec.get("missing", "?"), source_dir=base)
 
@@ -357,6 +375,37 @@ class Schema:
         if not isinstance(spec, Mapping):
             raise SchemaError(f"schema file {p}: expected a mapping at top level")
         return cls.from_dict(spec, base_dir=p.parent)
+
+
+def _side_paths(schema: str, attr: Attribute, raw: Any) -> tuple[str, ...]:
+    """The ``side_paths`` of an attribute's spec, checked against what each side path can take."""
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+        raise SchemaError(f"schema {schema!r}, attribute {attr.name!r}: side_paths must be a list of "
+                          f"{', '.join(SIDE_PATHS)}, got {raw!r}", field=attr.name, allowed=", ".join(SIDE_PATHS),
+                          value=raw)
+    unknown = [x for x in items if x not in SIDE_PATHS]
+    if unknown:
+        raise SchemaError(f"schema {schema!r}, attribute {attr.name!r}: side_paths {unknown} not among "
+                          f"{list(SIDE_PATHS)}", field=attr.name, allowed=", ".join(SIDE_PATHS), value=unknown)
+    if items and attr.role is Role.IDENTIFIER:
+        raise SchemaError(f"schema {schema!r}, attribute {attr.name!r}: an identifier never goes to a side path, "
+                          f"got side_paths {list(items)}", field=attr.name, allowed="no side_paths", value=list(items))
+    numeric_domain = attr.kind is Kind.NUMERIC and attr.lo is not None and attr.hi is not None and attr.hi > attr.lo
+    categorical_domain = attr.kind is Kind.CATEGORICAL and len(attr.domain_values) >= 2
+    needs = {"krr": (categorical_domain, "a categorical attribute with a declared domain of at least 2 values"),
+             "rs": (categorical_domain, "a categorical attribute with a declared domain of at least 2 values"),
+             "kmeans": (numeric_domain, "a numeric attribute with a public domain [lo, hi]"),
+             "blap": (numeric_domain or categorical_domain,
+                      "a numeric attribute with a public domain or a categorical one with a declared domain")}
+    for path in items:
+        ok, what = needs[path]
+        if not ok:
+            raise SchemaError(f"schema {schema!r}, attribute {attr.name!r}: side path {path!r} needs {what}",
+                              field=attr.name, allowed=what, value=path)
+    return tuple(dict.fromkeys(items))
 
 
 ADULT_SCHEMA_PATH = Path(__file__).parent / "data" / "adult" / "schema.yaml"

@@ -222,6 +222,31 @@ def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
             proc.wait()
 
 
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of every thread of ``pid`` (``/proc/<pid>/task/*/stat``; ``T``: stopped by a
+    signal); empty where there is no ``/proc`` or the process is gone."""
+    states = []
+    for stat in sorted(Path(f"/proc/{pid}/task").glob("*/stat")):
+        with contextlib.suppress(OSError):
+            states.append(stat_state(stat.read_text()))
+    return states
+
+
+def stat_state(stat: str) -> str:
+    """The state field of a ``/proc/.../stat`` line (the first field after the command name, which is in
+    parentheses and may itself hold spaces and parentheses)."""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def process_stopped(pid: int) -> bool:
+    """True when every thread of ``pid`` is stopped by a signal (``T``), or when the state cannot be read
+    (no ``/proc``: not Linux)."""
+    if not Path("/proc/self/task").is_dir():
+        return True
+    states = thread_states(pid)
+    return bool(states) and all(state == "T" for state in states)
+
+
 def _wait_until(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], deadline: float,
                 describe: Callable[[], str]) -> None:
     while not ready():
@@ -442,12 +467,19 @@ class EmbeddedBroker:
                  "kill -9" if hard else "SIGTERM", seconds)
         return seconds
 
-    def freeze(self) -> None:
-        """SIGSTOP the broker: it keeps its sockets and data but answers nothing (a stall or partition)."""
+    def freeze(self, timeout_s: float = 30.0) -> None:
+        """SIGSTOP the broker: it keeps its sockets and data but answers nothing (a stall or partition).
+
+        Returns once every thread of the process is stopped (state ``T`` in ``/proc/<pid>/task/*/stat``, on
+        Linux): the signal is delivered asynchronously, and a request sent before the last thread stopped could
+        still be answered.  ``RuntimeError`` if that takes longer than ``timeout_s``."""
         if self.process is None or self.process.poll() is not None:
             raise RuntimeError("embedded broker is not running")
         self.process.send_signal(signal.SIGSTOP)
         self._frozen = True
+        pid = self.process.pid
+        _wait_until(f"embedded broker (pid {pid}) stopped by SIGSTOP", lambda: process_stopped(pid), self.process,
+                    time.monotonic() + timeout_s, lambda: f": thread states {thread_states(pid)}")
 
     def thaw(self) -> None:
         """SIGCONT a frozen broker."""

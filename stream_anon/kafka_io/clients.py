@@ -19,6 +19,7 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from stream_anon.kafka_io.address import PROBE_SLICE_SECONDS, BrokerUnreachableError, wait_for_broker
 from stream_anon.kafka_io.errors import BrokerUnavailableError
 from stream_anon.kafka_io.settings import KafkaSettings, TopicLayout
 
@@ -55,27 +56,38 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
         attempt += 1
         try:
             return fn()
+        except InterruptedError as e:  # wait_for_broker saw the stop
+            raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
         except (KafkaError, OSError, ValueError) as e:
             elapsed = time.monotonic() - start
+            detail = str(e).removeprefix(f"{type(e).__name__}: ")
+            why = e.reason if isinstance(e, BrokerUnreachableError) else \
+                type(e).__name__ + (f": {detail}" if detail and detail != "None" else "")
             if limit and elapsed + delay > limit:
                 raise BrokerUnavailableError(
                     f"{what}: broker {k.bootstrap_servers} unreachable after {attempt} attempts over "
-                    f"{elapsed:.0f} s (kafka.startup_retry_seconds = {limit:g}): {e!r}") from e
-            detail = str(e).removeprefix(f"{type(e).__name__}: ")
-            log.warning("%s: broker %s unreachable (%s%s); attempt %d, retrying in %.1f s", what,
-                        k.bootstrap_servers, type(e).__name__,
-                        f": {detail}" if detail and detail != "None" else "", attempt, delay)
+                    f"{elapsed:.0f} s ({why}; kafka.startup_retry_seconds = {limit:g})") from e
+            log.warning("%s: broker %s unreachable (%s); attempt %d, retrying in %.1f s", what,
+                        k.bootstrap_servers, why, attempt, delay)
             if on_retry is not None:
                 on_retry()
-            if stop is not None and stop():
-                raise BrokerUnavailableError(f"{what}: stopped while waiting for the broker") from e
-            time.sleep(delay)
+            until = time.monotonic() + delay
+            while True:  # the backoff, in slices: a stop ends it within PROBE_SLICE_SECONDS
+                if stop is not None and stop():
+                    raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
+                if time.monotonic() >= until:
+                    break
+                time.sleep(min(PROBE_SLICE_SECONDS, until - time.monotonic()))
     raise AssertionError("unreachable")
 
 
 def connect_admin(k: KafkaSettings, *, on_retry: Callable[[], None] | None = None,
                   stop: Callable[[], bool] | None = None) -> KafkaAdminClient:
     def attempt() -> KafkaAdminClient:
+        # a TCP probe first: an address nobody listens on fails at once (no client, no client log lines), and a
+        # stop is seen within PROBE_SLICE_SECONDS
+        wait_for_broker(k.bootstrap_servers or "", k.connect_timeout_ms / 1000.0, stop=stop,
+                        option="kafka.connect_timeout_ms", once=True)
         admin = KafkaAdminClient(**client_options(k), bootstrap_timeout_ms=k.connect_timeout_ms)
         admin.list_topics()
         return admin

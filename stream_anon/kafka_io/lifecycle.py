@@ -99,6 +99,25 @@ class ClosedSocketRecv(logging.Filter):
                     and str(record.msg).startswith("%s: Error receiving network data"))
 
 
+CLIENT_LOGGERS = ("kafka", "librdkafka")
+"""The Kafka client libraries' loggers: kafka-python's (``kafka.*``) and the one the confluent-kafka producer is
+given (:mod:`stream_anon.kafka_io.producer`)."""
+CLIENT_LOGS_OFF = logging.CRITICAL + 10
+"""Their level below DEBUG: off.  What the operator must know (a broker unreachable, a failed produce, a lost
+group) is said by stream-anon's own lines; the libraries' connection chatter (about 70 ``kafka.net`` ERROR and
+WARNING lines when a broker is down) and kafka-python's ``Task ... blocking the event loop`` warnings (its network
+selector warns when one step of its I/O coroutine takes over 0.1 s, which happens whenever another thread of the
+process holds the GIL that long: the engine, JSON decoding, a busy machine) never reach the output."""
+
+
+def quiet_client_libraries(level: int | None = None) -> None:
+    """The client libraries' loggers off (:data:`CLIENT_LOGS_OFF`) unless ``level`` (default: the root logger's
+    effective level) is DEBUG, where they pass everything."""
+    level = logging.getLogger().getEffectiveLevel() if level is None else level
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else CLIENT_LOGS_OFF)
+
+
 def quiet_closing_clients() -> None:
     """Install :class:`ClosedSocketRecv` on kafka-python's transport logger (once per process)."""
     transport = logging.getLogger("kafka.net.transport")

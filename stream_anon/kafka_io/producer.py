@@ -459,11 +459,11 @@ class OutputProducer:
         return Receipt(parts)
 
     def send_values(self, topic: str, src_partition: int, keys: list[bytes | None], values: list[bytes],
-                    headers: Headers) -> Receipt:
-        """Send ``values[i]`` with key ``keys[i]``, all with the same ``headers`` (not copied), to ``topic``'s
-        partition of ``src_partition``: the bulk path of the side copies."""
+                    headers: Headers, *, timestamp_ms: int | None = None) -> Receipt:
+        """Send ``values[i]`` with key ``keys[i]``, all with the same ``headers`` (not copied) and Kafka timestamp
+        (None: the send time), to ``topic``'s partition of ``src_partition``: the bulk path of the side copies."""
         b = OutgoingBatch(topic, self.partition_for(topic, src_partition), keys, cast(list[bytes | None], values),
-                          headers)
+                          headers, timestamp_ms=timestamp_ms)
         if values:
             self._submit(b)
         return Receipt([(b, range(len(values)))])

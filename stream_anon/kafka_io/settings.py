@@ -8,12 +8,44 @@ The Kafka layer (:mod:`stream_anon.kafka_io`) takes these, never the whole ``Con
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 """The producer's client libraries (``kafka.producer_client``)."""
+
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?")
+_FORMAT = "HOST:PORT[,HOST:PORT...] (a port 1-65535; IPv6 as [ADDRESS]:PORT)"
+
+
+class BootstrapAddressError(ValueError):
+    """A bootstrap-servers value that is not a list of ``HOST:PORT`` (one line: what is expected, what was given)."""
+
+
+def parse_bootstrap_servers(text: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` as ``[(host, port), ...]``; raises :class:`BootstrapAddressError` naming the entry
+    that is not one (``not-a-host:xyz``: the port is not a number)."""
+    if not isinstance(text, str) or not text.strip():
+        raise BootstrapAddressError(f"expected {_FORMAT}, got {text!r}")
+    out = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if entry.startswith("["):
+            host, sep, port_text = entry[1:].partition("]:")
+            ok_host = bool(host) and all(c in "0123456789abcdefABCDEF:." for c in host)
+        else:
+            host, sep, port_text = entry.rpartition(":")
+            ok_host = bool(_HOST.fullmatch(host))
+        if not sep or not ok_host:
+            raise BootstrapAddressError(f"expected {_FORMAT}, got {text!r} (entry {entry!r} is not HOST:PORT)")
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise BootstrapAddressError(f"expected {_FORMAT}, got {text!r} (port {port_text!r} of {entry!r} is not "
+                                        f"a number 1-65535)")
+        out.append((host, int(port_text)))
+    return out
+
 
 COMPACTED_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
 """Topic configuration of a compacted topic (the ledger: docs/threat-model.md, "Bounded growth")."""

@@ -5,6 +5,10 @@ against :data:`METRIC_NAMES`, and against a live ``/metrics`` scrape of the runn
 
 Histograms are :class:`BulkHistogram` collectors (prometheus_client's public custom-collector API): the service
 observes a whole batch of values at once (one ``numpy`` pass, not one call per value).
+
+Each process exports only its own metrics: :class:`ServiceMetrics` registers the metrics of the parts it is given
+(:data:`MAIN`, :data:`SIDE`, :data:`UDP`; the few both paths update, :data:`SHARED`, with either of them) and
+keeps the others unregistered (they can still be updated; nothing exports them).
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ PROCESSING_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 
 
 
 class BulkHistogram:
-    """A label-less histogram observed in bulk, registered as a custom collector.
+    """A label-less histogram observed in bulk, registered as a custom collector (``registry`` None: not
+    registered).
 
     ``observe_many(values)`` counts exactly what ``prometheus_client.Histogram.observe`` would for each value
     (a value equal to a bound falls in that bound's bucket; NaN adds NaN to the sum and to no bucket, as
-    ``observe`` does), with one ``searchsorted`` over the batch.
+    ``observe`` does), with one ``searchsorted`` over the batch; ``observe_repeated(value, count)`` as
+    ``count`` observations of ``value``.
     """
 
-    def __init__(self, name: str, documentation: str, *, buckets: Sequence[float], registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, *, buckets: Sequence[float],
+                 registry: CollectorRegistry | None) -> None:
         bounds = sorted(float(b) for b in buckets)
         if bounds[-1] != float("inf"):
             bounds.append(float("inf"))
@@ -45,10 +52,21 @@ class BulkHistogram:
         self._sum = 0.0
         self._created = time.time()
         self._lock = threading.Lock()
-        registry.register(self)
+        if registry is not None:
+            registry.register(self)
 
     def observe(self, value: float) -> None:
         self.observe_many((value,))
+
+    def observe_repeated(self, value: float, count: int) -> None:
+        """``count`` observations of ``value`` (one bucket lookup)."""
+        if count <= 0:
+            return
+        idx = int(np.searchsorted(self._bounds, np.float64(value), side="left"))
+        with self._lock:
+            if idx < len(self._bounds):
+                self._counts[idx] += count
+            self._sum += float(value) * count
 
     def observe_many(self, values: Sequence[float] | np.ndarray) -> None:
         arr = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -75,14 +93,34 @@ class BulkHistogram:
         yield fam
 
 
+MAIN = "main"
+SIDE = "side"
+UDP = "udp"
+ALL_PARTS: frozenset[str] = frozenset({MAIN, SIDE, UDP})
+SHARED = ("records_dead_lettered", "produce_errors", "broker_reconnects")
+"""Metrics both paths update: registered with :data:`MAIN` or :data:`SIDE` (``produce_errors`` also with
+:data:`UDP`: the bridge produces too)."""
+
+
 @dataclass
 class ServiceMetrics:
-    """The service's metrics.  ``ServiceMetrics(registry)``; tests pass a fresh ``CollectorRegistry``."""
+    """The service's metrics.  ``ServiceMetrics(registry)`` registers every metric (tests pass a fresh
+    ``CollectorRegistry``); ``ServiceMetrics(registry, parts=frozenset({MAIN}))`` only the main path's (and the
+    shared ones): what one process exports."""
 
     registry: CollectorRegistry
+    parts: frozenset[str] = ALL_PARTS
 
     def __post_init__(self) -> None:
-        r = self.registry
+        unknown = set(self.parts) - ALL_PARTS
+        if unknown:
+            raise ValueError(f"ServiceMetrics parts: expected some of {sorted(ALL_PARTS)}, got {sorted(unknown)}")
+        main = self.registry if MAIN in self.parts else None
+        side = self.registry if SIDE in self.parts else None
+        udp = self.registry if UDP in self.parts else None
+        shared = self.registry if self.parts & {MAIN, SIDE} else None
+        producing = self.registry if self.parts else None  # produce_errors: every part that produces
+        r = main
         # -- flow (every input record ends in exactly one of released / suppressed / dead-lettered)
         self.records_consumed = Counter("stream_anon_records_consumed", "Records consumed from an input topic",
                                         ["topic"], registry=r)
@@ -91,7 +129,7 @@ class ServiceMetrics:
         self.records_suppressed = Counter("stream_anon_records_suppressed", "Records suppressed (not released)",
                                           ["reason"], registry=r)
         self.records_dead_lettered = Counter("stream_anon_records_dead_lettered",
-                                             "Inputs sent to the dead-letter topic", ["reason"], registry=r)
+                                             "Inputs sent to the dead-letter topic", ["reason"], registry=shared)
         self.records_duplicate_skipped = Counter("stream_anon_records_duplicate_skipped",
                                                  "Re-consumed records skipped because already released (recovery)",
                                                  ["topic"], registry=r)
@@ -135,19 +173,28 @@ class ServiceMetrics:
         self.outputs_resent = Counter("stream_anon_outputs_resent",
                                       "Outputs the ledger promised and recovery found missing, re-sent byte for byte",
                                       ["topic"], registry=r)
-        self.processing_seconds = BulkHistogram("stream_anon_processing_seconds", "Engine time per record",
-                                            buckets=PROCESSING_BUCKETS, registry=r)
+        self.processing_seconds = BulkHistogram(
+            "stream_anon_processing_seconds", "Pipeline time per record (decode, validate, engine, encode): one "
+            "observation per record, its poll batch's time divided by the batch's records", buckets=PROCESSING_BUCKETS,
+            registry=r)
         self.produce_errors = Counter("stream_anon_produce_errors", "Produce requests that failed and were retried",
-                                      ["topic"], registry=r)
+                                      ["topic"], registry=producing)
         self.broker_reconnects = Counter("stream_anon_broker_reconnects", "Broker connection retries with backoff",
-                                         registry=r)
+                                         registry=shared)
         # -- local differential privacy side paths
-        self.epsilon_spent = Counter("stream_anon_epsilon_spent", "Sum of epsilon spent by published outputs",
-                                     ["topic"], registry=r)
+        r = side
+        self.epsilon_per_record = Gauge("stream_anon_epsilon_per_record",
+                                        "Exact eps one record spends on a side topic: the sum over its attributes' "
+                                        "mechanisms (k-means: the one window the record is in)", ["topic"],
+                                        registry=r)
+        self.epsilon_budget_total = Gauge("stream_anon_epsilon_budget_total",
+                                          "Lifetime eps budget of a budgeted side output (k-means with "
+                                          "side_paths.kmeans.total_epsilon)", ["topic"], registry=r)
+        self.epsilon_budget_used = Gauge("stream_anon_epsilon_budget_used",
+                                         "Eps used so far of a lifetime budget (persisted across restarts)", ["topic"],
+                                         registry=r)
         self.epsilon_budget_remaining = Gauge("stream_anon_epsilon_budget_remaining",
-                                              "Remaining epsilon budget of a budgeted output", ["topic"], registry=r)
-        self.epsilon_budget_total = Gauge("stream_anon_epsilon_budget_total", "Total epsilon budget of an output",
-                                          ["topic"], registry=r)
+                                              "Eps left of a lifetime budget (total - used)", ["topic"], registry=r)
         self.side_records_published = Counter("stream_anon_side_records_published",
                                               "Perturbed records published on a side topic", ["topic"], registry=r)
         self.side_records_consumed = Counter("stream_anon_side_records_consumed",
@@ -168,6 +215,7 @@ class ServiceMetrics:
                                         "Mean absolute error of an estimate against the exact value (demo/testing)",
                                         ["topic", "attribute"], registry=r)
         # -- UDP ingest bridge
+        r = udp
         self.udp_datagrams_received = Counter("stream_anon_udp_datagrams_received", "UDP datagrams received",
                                               registry=r)
         self.udp_records_forwarded = Counter("stream_anon_udp_records_forwarded", "UDP records forwarded to Kafka",

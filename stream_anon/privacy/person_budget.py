@@ -5,8 +5,8 @@ ledger keeps one number per person (unbounded); :class:`PersonBudgetSketch` keep
 counters instead (Cormode & Muthukrishnan, "An improved data stream summary: the count-min sketch", 2005) with
 the *conservative update* (Estan & Varghese 2002):
 
-* person p hashes to one counter per row, h_r(p) = BLAKE2b keyed with a secret 256-bit key (so nobody who does
-  not hold the key can choose ids that collide);
+* person p hashes to one counter per row, h_r(p) = 4 bytes of one BLAKE2b digest keyed with a secret 256-bit key,
+  mod ``width`` (so nobody who does not hold the key can choose ids that collide);
 * its estimate is min_r C[r, h_r(p)]; a spend of eps is accepted iff estimate + eps <= cap (relative tolerance
   1e-9, as :class:`~stream_anon.privacy.budget.BudgetAccountant`), and then every one of its counters is raised
   to max(C, estimate + eps) (rounded up to the next double).
@@ -21,8 +21,12 @@ the rows
 
     P(false refusal) <= (S / (width * (cap - s - eps)))^depth      (:meth:`false_refusal_bound`).
 
-Memory: ``depth * width * 8`` bytes (default 4 x 2^18: 8 MiB), fixed.  Size it so S / (width * cap) stays small:
-with N persons each spending up to the cap, the bound for a fresh person asking for cap/2 is (2N/width)^depth.
+Memory: ``depth * width * 8`` bytes (the side paths' default 8 x 2^17: 8 MiB), fixed.  Size it so S / (width * cap)
+stays small: with N persons each spending up to the cap, the bound for a fresh person asking for cap/2 is
+(2N/width)^depth.  When every person spends about the whole cap at once (the side paths' default: one pass of a
+record spends nearly its lifetime cap) the sketch is a partitioned Bloom filter: a fresh person is refused when all
+its ``depth`` counters are taken, with probability about (1 - e^(-N/width))^depth after N persons (8 x 2^17 and all
+of ADULT, N = 32,561: 5.5e-6 per record).
 The state (:meth:`to_dict`) contains the key and must stay internal.
 """
 
@@ -64,7 +68,7 @@ def person_key_bytes(person_id: Any) -> bytes:
 class PersonBudgetSketch:
     """Conservative count-min sketch of eps spent per person, refusing spends past ``cap_epsilon`` (module doc).
 
-    ``width`` counters per row (>= 16), ``depth`` rows (1..16), ``key`` 16..64 secret bytes (default 32 from
+    ``width`` counters per row (16..2^30), ``depth`` rows (1..16), ``key`` 16..64 secret bytes (default 32 from
     ``secrets``).  ``try_spend`` is vectorized over a batch and processes a person's repeated ids in order.
     """
 
@@ -94,15 +98,20 @@ class PersonBudgetSketch:
         return int(self.counters.nbytes)
 
     # ------------------------------------------------------------------ hashing
+    @property
+    def key_hex(self) -> str:
+        """The secret hash key, hex (keep it internal)."""
+        return self._key.hex()
+
     def cells(self, person_ids: Iterable[Any]) -> np.ndarray:
-        """(n, depth) counter indices of the persons (keyed BLAKE2b, 8 bytes per row)."""
-        ids = list(person_ids)
-        out = np.empty((len(ids), self.depth), dtype=np.int64)
-        size = 8 * self.depth
-        for n, pid in enumerate(ids):
-            digest = hashlib.blake2b(person_key_bytes(pid), key=self._key, digest_size=size).digest()
-            out[n] = np.frombuffer(digest, dtype="<u8") % np.uint64(self.width)
-        return out
+        """(n, depth) counter indices of the persons (one keyed BLAKE2b digest, 4 bytes per row)."""
+        return self._cells_of([person_key_bytes(pid) for pid in person_ids])
+
+    def _cells_of(self, keys: Sequence[bytes]) -> np.ndarray:
+        size, key = 4 * self.depth, self._key
+        digests = b"".join([hashlib.blake2b(k, key=key, digest_size=size).digest() for k in keys])
+        words = np.frombuffer(digests, dtype="<u4").reshape(len(keys), self.depth)
+        return (words % np.uint32(self.width)).astype(np.int64)
 
     def estimate(self, person_ids: Iterable[Any]) -> np.ndarray:
         """Upper bounds of what each person has spent (min over its counters)."""
@@ -124,6 +133,11 @@ class PersonBudgetSketch:
 
         ``epsilon``: one value for all, or one per element.  Refused spends change nothing.
         """
+        return self.try_spend_cells(person_ids, epsilon)[0]
+
+    def try_spend_cells(self, person_ids: Sequence[Hashable], epsilon: float | Sequence[float] | np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`try_spend`, also returning the (n, depth) counter indices of the persons (each id hashed once)."""
         ids = list(person_ids)
         n = len(ids)
         eps = np.asarray(epsilon, dtype=np.float64)
@@ -133,11 +147,11 @@ class PersonBudgetSketch:
             raise PrivacyParameterError(f"epsilon: expected one value or {n} values, got shape {eps.shape}")
         if n and (not np.all(np.isfinite(eps)) or np.any(eps <= 0)):
             raise PrivacyParameterError(f"epsilon: every spend must be in (0, inf), got {eps[~(eps > 0)][:1]!r}")
-        cells = self.cells(ids)
+        keys = [person_key_bytes(pid) for pid in ids]
+        cells = self._cells_of(keys)
         occurrence = np.empty(n, dtype=np.int64)
         seen: dict[bytes, int] = {}
-        for i, pid in enumerate(ids):
-            k = person_key_bytes(pid)
+        for i, k in enumerate(keys):
             occurrence[i] = seen.get(k, 0)
             seen[k] = occurrence[i] + 1
         accepted = np.zeros(n, dtype=bool)
@@ -155,7 +169,7 @@ class PersonBudgetSketch:
         self.n_spends += int(accepted.sum())
         self.n_refused += int(n - accepted.sum())
         self.total_spent = math.fsum([self.total_spent, float(eps[accepted].sum())])
-        return accepted
+        return accepted, cells
 
     def spend(self, person_id: Hashable, epsilon: float, label: str = "") -> None:
         """Spend for one person or raise :class:`BudgetExhaustedError` (nothing spent)."""
@@ -173,6 +187,14 @@ class PersonBudgetSketch:
         if slack <= 0:
             return 1.0
         return min(1.0, self.total_spent / (self.width * slack)) ** self.depth
+
+    def fresh_refusal_rate(self, epsilon: float) -> float:
+        """The chance that a person never seen before is refused ``epsilon`` now: the product over the rows of the
+        share of counters above ``cap - epsilon`` (exact for a key the sketch's secret hash spreads uniformly)."""
+        limit = self.cap_epsilon * (1.0 + RELATIVE_TOLERANCE) - check_epsilon(epsilon)
+        if limit < 0:
+            return 1.0
+        return float(np.prod(np.count_nonzero(self.counters > limit, axis=1) / self.width))
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:

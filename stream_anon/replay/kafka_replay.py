@@ -34,6 +34,8 @@ from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, To
 
 from stream_anon.core.validation import require_int
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.kafka_io.address import BootstrapAddressError, wait_for_broker
+from stream_anon.kafka_io.address import BrokerUnreachableError as AddressUnreachableError
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.replay.progress import ProgressBar, RateLimiter
 
@@ -121,10 +123,23 @@ def _unreachable(bootstrap_servers: str, timeout_s: float, e: BaseException) -> 
                                   f"({e})")
 
 
+def reachable(bootstrap_servers: str, connect_timeout_s: float) -> None:
+    """The address checked (:class:`ReplayInputError` when malformed: before anything connects) and a broker
+    accepting connections there within ``connect_timeout_s`` (:class:`BrokerUnreachableError` otherwise, one line
+    naming the address; a Ctrl-C ends the wait at once): :func:`stream_anon.kafka_io.address.wait_for_broker`."""
+    try:
+        wait_for_broker(bootstrap_servers, connect_timeout_s)
+    except BootstrapAddressError as e:
+        raise ReplayInputError(f"--bootstrap-servers: {e}") from None
+    except AddressUnreachableError as e:
+        raise BrokerUnreachableError(str(e)) from None
+
+
 def make_producer(bootstrap_servers: str, producer_config: Mapping[str, Any] | None = None, *,
                   connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> KafkaProducer:
     """A KafkaProducer with ``DEFAULT_PRODUCER_CONFIG`` updated by ``producer_config``;
     :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``."""
+    reachable(bootstrap_servers, connect_timeout_s)
     config = {**DEFAULT_PRODUCER_CONFIG, "bootstrap_timeout_ms": int(connect_timeout_s * 1000),
               **dict(producer_config or {})}
     try:
@@ -135,6 +150,7 @@ def make_producer(bootstrap_servers: str, producer_config: Mapping[str, Any] | N
 
 def _admin(bootstrap_servers: str, client_config: Mapping[str, Any] | None,
            connect_timeout_s: float) -> KafkaAdminClient:
+    reachable(bootstrap_servers, connect_timeout_s)
     try:
         return KafkaAdminClient(bootstrap_servers=bootstrap_servers,
                                 **{"bootstrap_timeout_ms": int(connect_timeout_s * 1000), **dict(client_config or {})})

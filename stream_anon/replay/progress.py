@@ -1,4 +1,5 @@
-"""A dependency-free progress bar on stderr (redrawn at most every ``interval_s``)."""
+"""A dependency-free progress bar on stderr: on a terminal one line redrawn in place (``\\r``) at most every
+``interval_s``; into a file or a pipe a plain line at most every ``plain_interval_s`` (no ``\\r`` in logs)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ class ProgressBar:
 
     def __init__(self, total: int | None, *, label: str = "", width: int = 30, interval_s: float = 0.2,
                  stream: TextIO | None = None, enabled: bool = True,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, plain_interval_s: float = 10.0) -> None:
         self.total = total
         self.label = label
         self.width = width
-        self.interval_s = interval_s
         self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self.interval_s = interval_s if self.tty else plain_interval_s
         self.enabled = enabled
         self.clock = clock
         self.start = clock()
@@ -42,16 +45,17 @@ class ProgressBar:
             frac = min(self.count / self.total, 1.0)
             filled = int(frac * self.width)
             bar = "#" * filled + "." * (self.width - filled)
-            line = f"\r{prefix}[{bar}] {self.count:,}/{self.total:,} {frac:4.0%} {rate:,.0f} rec/s"
+            line = f"{prefix}[{bar}] {self.count:,}/{self.total:,} {frac:4.0%} {rate:,.0f} rec/s"
         else:
-            line = f"\r{prefix}{self.count:,} records {rate:,.0f} rec/s"
-        self.stream.write(line)
+            line = f"{prefix}{self.count:,} records {rate:,.0f} rec/s"
+        self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
             self._draw(self.clock())
-            self.stream.write("\n")
+            if self.tty:
+                self.stream.write("\n")
             self.stream.flush()
 
 

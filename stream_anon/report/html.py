@@ -4,8 +4,9 @@ Layout: a SYNTHETIC banner when the run's data is synthetic (``"synthetic": true
 summary of key figures, then the plots: information loss vs k and delta (``grid.json``), release delay vs the
 bound, class sizes, generalization per attribute, epsilon vs error of the LDP mechanisms (``ldp_curves.json``),
 estimated vs true distributions on the side topics (``side_estimates.json``); the raw summary.json last, in a
-collapsed ``<details>``.  A section whose input is missing says so and how to produce it; it never fails the
-report.  The run-directory format: docs/deploy.md.
+collapsed ``<details>``.  Every section shown is filled: a section whose input is missing is left out, and the
+summary names it and how to produce it (:data:`NOT_SHOWN_HOW`); a missing input never fails the report.  The
+run-directory format: docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class Section:
 def _fmt(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return str(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        v = int(v)  # an integer is printed as one (a k of 10, not 10.0)
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
@@ -155,11 +158,33 @@ def key_figures(run: RunDir) -> list[tuple[str, Any]]:
     return rows
 
 
-def _summary_section(run: RunDir) -> Section:
+NOT_SHOWN_HOW: dict[str, str] = {
+    "loss": f"<code>{GRID_FILE}</code> is missing: <code>stream-anon report RUN_DIR --compute-extras</code> runs "
+            "the engine grid with the run's own settings",
+    "delay": "there are no per-record delays (no <code>delay</code> column in <code>released.csv</code>, no "
+             f"<code>{DELAYS_FILE}</code>)",
+    "classes": "<code>released.csv</code> has no records",
+    "generalization": "<code>released.csv</code> has no records or no quasi-identifier column of the schema",
+    "ldp": f"<code>{LDP_CURVES_FILE}</code> is missing: <code>stream-anon report RUN_DIR --compute-extras</code> "
+           "measures the run's side-path mechanisms",
+    "side": f"<code>{SIDE_ESTIMATES_FILE}</code> is missing (the run had no side paths or did not save their "
+            "estimates): <code>stream-anon report RUN_DIR --compute-extras</code> computes offline ones",
+}
+"""Why a section is not shown, and how to produce its input (said in the summary)."""
+SECTION_TITLES = {"loss": "Information loss vs k and delta", "delay": "Release delay against the bound",
+                  "classes": "Class sizes", "generalization": "Generalization per attribute",
+                  "ldp": "Epsilon vs error of the LDP mechanisms",
+                  "side": "Estimated vs true distributions on the side topics"}
+
+
+def _summary_section(run: RunDir, not_shown: list[str] | None = None) -> Section:
     s = Section("summary", "Summary")
     s.body.append(f"<p>Run directory <code>{html.escape(str(run.path))}</code>. Key figures; the whole "
                   f'<code>{SUMMARY_FILE}</code> is under <a href="#raw">raw data</a> at the end.</p>')
     s.body.append(_table(key_figures(run)))
+    if not_shown:
+        items = "".join(f"<li>{html.escape(SECTION_TITLES[a])}: {NOT_SHOWN_HOW[a]}.</li>" for a in not_shown)
+        s.body.append(f'<p class="note">Not shown, for want of their input:</p><ul class="note">{items}</ul>')
     return s
 
 
@@ -173,30 +198,40 @@ def _raw_section(run: RunDir) -> Section:
     return s
 
 
-def _loss_section(run: RunDir) -> Section:
-    s = Section("loss", "Information loss vs k and delta")
+def _ints(values: Any) -> str:
+    """``[5, 10]`` for grid values that are whole numbers (read as floats), not ``[5.0, 10.0]``."""
+    return "[" + ", ".join(_fmt(v) for v in sorted(values)) + "]"
+
+
+def _loss_section(run: RunDir) -> Section | None:
     if run.grid is None:
-        s.body.append(_missing(f"No <code>{GRID_FILE}</code> in the run directory: the experiment grid was not "
-                               f"run. <code>stream-anon report RUN_DIR --compute-extras</code> computes it on ADULT."))
-        return s
+        return None
+    s = Section("loss", SECTION_TITLES["loss"])
 
     def draw() -> None:
         assert run.grid is not None
-        s.body.append(f"<p>{len(run.grid)} grid points; k in {sorted(run.grid['k'].unique().tolist())}, "
-                      f"delta in {sorted(run.grid['delta'].unique().tolist())}. Loss of the released data: "
-                      "GT (Goldberger-Tassa), LM (loss metric, Iyengar), UBDSA (CAIL); lower is better. "
-                      "Points that differ only in beta/mu are averaged.</p>")
-        s.images.append(("information loss vs k and delta", plots.plot_loss_grid(run.grid)))
+        g = run.grid
+        own = ""
+        k, delta = run.k, run.delta
+        if k is not None and delta is not None and ((g["k"] == k) & (g["delta"] == delta)).any():
+            own = (f" The run's own point (k={_fmt(k)}, delta={_fmt(delta)}) is circled; the grid uses the run's "
+                   "other settings (beta, mu, l, zeta, leftover) and its records, so the circle there is the run's "
+                   "figure.")
+        s.body.append(f"<p>{len(g)} grid points; k in {_ints(g['k'].unique().tolist())}, "
+                      f"delta in {_ints(g['delta'].unique().tolist())}. Loss of the released data: "
+                      "GT (Goldberger-Tassa, mean over the QIs, in [0, 1]), LM (Iyengar's loss metric, the sum over "
+                      "the J QIs, in [0, J]: with these hierarchies each cell's LM loss equals its GT loss, so "
+                      "LM = J x GT), UBDSA (CAIL); each from its own value; lower is better. Points that differ "
+                      f"only in beta/mu are averaged.{own}</p>")
+        s.images.append(("information loss vs k and delta", plots.plot_loss_grid(g, own=(k, delta))))
     _guard(s, "the loss grid", draw)
     return s
 
 
-def _delay_section(run: RunDir) -> Section:
-    s = Section("delay", "Release delay against the bound")
+def _delay_section(run: RunDir) -> Section | None:
     if run.delays_arrivals is None and run.delays_seconds is None:
-        s.body.append(_missing("No per-record delays: <code>released.csv</code> has no <code>delay</code> column "
-                               "and there is no <code>delays.json</code>."))
-        return s
+        return None
+    s = Section("delay", SECTION_TITLES["delay"])
 
     def draw() -> None:
         bound = run.delta
@@ -240,12 +275,11 @@ def _delay_section(run: RunDir) -> Section:
     return s
 
 
-def _class_section(run: RunDir) -> Section:
-    s = Section("classes", "Class sizes")
+def _class_section(run: RunDir) -> Section | None:
     sizes = class_sizes(run.released)
     if sizes.size == 0:
-        s.body.append(_missing("<code>released.csv</code> has no records."))
-        return s
+        return None
+    s = Section("classes", SECTION_TITLES["classes"])
 
     def draw() -> None:
         k = run.k
@@ -262,13 +296,11 @@ def _class_section(run: RunDir) -> Section:
     return s
 
 
-def _generalization_section(run: RunDir) -> Section:
-    s = Section("generalization", "Generalization per attribute")
+def _generalization_section(run: RunDir) -> Section | None:
     attrs = generalization_levels(run.released, run.schema)
     if not attrs or len(run.released) == 0:
-        s.body.append(_missing(f"No quasi-identifier columns of schema {html.escape(run.schema.name)!r} in "
-                               "<code>released.csv</code>."))
-        return s
+        return None
+    s = Section("generalization", SECTION_TITLES["generalization"])
 
     def draw() -> None:
         rows = []
@@ -289,12 +321,10 @@ def _generalization_section(run: RunDir) -> Section:
     return s
 
 
-def _ldp_section(run: RunDir) -> Section:
-    s = Section("ldp", "Epsilon vs error of the LDP mechanisms")
+def _ldp_section(run: RunDir) -> Section | None:
     if not run.ldp_curves:
-        s.body.append(_missing(f"No <code>{LDP_CURVES_FILE}</code> in the run directory. "
-                               "<code>stream-anon report RUN_DIR --compute-extras</code> measures it on ADULT."))
-        return s
+        return None
+    s = Section("ldp", SECTION_TITLES["ldp"])
 
     def draw() -> None:
         assert run.ldp_curves is not None
@@ -320,12 +350,10 @@ def _ldp_section(run: RunDir) -> Section:
     return s
 
 
-def _side_section(run: RunDir) -> Section:
-    s = Section("side", "Estimated vs true distributions on the side topics")
+def _side_section(run: RunDir) -> Section | None:
     if not run.side_estimates:
-        s.body.append(_missing(f"No <code>{SIDE_ESTIMATES_FILE}</code> in the run directory (the run had no side "
-                               "paths, or did not save their final estimates)."))
-        return s
+        return None
+    s = Section("side", SECTION_TITLES["side"])
 
     def draw() -> None:
         assert run.side_estimates is not None
@@ -341,14 +369,25 @@ def _side_section(run: RunDir) -> Section:
     return s
 
 
-SECTION_BUILDERS: tuple[Callable[[RunDir], Section], ...] = (
-    _summary_section, _loss_section, _delay_section, _class_section, _generalization_section, _ldp_section,
-    _side_section, _raw_section)
+SECTION_BUILDERS: tuple[tuple[str, Callable[[RunDir], Section | None]], ...] = (
+    ("loss", _loss_section), ("delay", _delay_section), ("classes", _class_section),
+    ("generalization", _generalization_section), ("ldp", _ldp_section), ("side", _side_section))
+"""The plotted sections, in page order (between the summary and the raw data); a builder returns None when the
+section's input is missing (the section is then not shown, and the summary says why)."""
 
 
 def build_sections(run: RunDir) -> list[Section]:
-    """Every section of the report, plots rendered."""
-    return [build(run) for build in SECTION_BUILDERS]
+    """The sections of the report, plots rendered: the summary, every plotted section whose input is there, the
+    raw data."""
+    shown: list[Section] = []
+    not_shown: list[str] = []
+    for anchor, build in SECTION_BUILDERS:
+        section = build(run)
+        if section is None:
+            not_shown.append(anchor)
+        else:
+            shown.append(section)
+    return [_summary_section(run, not_shown), *shown, _raw_section(run)]
 
 
 def synthetic_banner(run: RunDir) -> str:

@@ -21,7 +21,7 @@ from stream_anon.report.rundir import TV_METRIC, LdpCurve, SideEstimate
 
 DPI = 100
 BOUND_STYLE: dict[str, Any] = {"color": "#d62728", "linestyle": "--", "linewidth": 2}
-LOSS_COLUMNS = (("gt_loss", "GT loss"), ("lm_loss", "LM loss"), ("ubdsa_loss", "UBDSA loss"))
+LOSS_COLUMNS = (("gt_loss", "GT loss"), ("lm_loss", "LM loss (sum over the QIs)"), ("ubdsa_loss", "UBDSA loss"))
 # bands of relative generalization for the stacked bars (0 = exact value, 1 = whole domain)
 GENERALIZATION_BANDS = ((0.0, 0.0, "exact"), (0.0, 0.1, "<= 10%"), (0.1, 0.25, "10-25%"), (0.25, 0.5, "25-50%"),
                         (0.5, 1.0, "50-<100%"), (1.0, 1.0, "whole domain"))
@@ -49,11 +49,13 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def plot_loss_grid(grid: pd.DataFrame) -> bytes:
-    """Information loss vs k (one line per delta) and vs delta (one line per k), one row per loss measure.
+def plot_loss_grid(grid: pd.DataFrame, own: tuple[float | None, float | None] = (None, None)) -> bytes:
+    """Information loss vs k (one line per delta) and vs delta (one line per k), one row per loss measure, each
+    from its own column.
 
     Grid points that differ only in other parameters (beta, mu) are averaged; the clustering loss the
-    engine optimized (``loss_metric``) is the line style.
+    engine optimized (``loss_metric``) is the line style.  ``own``: the run's (k, delta), circled when the grid
+    holds it.
     """
     measures = [(c, label) for c, label in LOSS_COLUMNS if c in grid and grid[c].notna().any()]
     metrics = sorted(grid["loss_metric"].unique())
@@ -72,6 +74,11 @@ def plot_loss_grid(grid: pd.DataFrame) -> bytes:
                     ax.plot(pts.index, pts.to_numpy(), marker="o", linestyle=styles[mi % len(styles)],
                             color=f"C{si % 10}",
                             label=f"{series}={v:g}" + (f" ({metric})" if len(metrics) > 1 else ""))
+                    own_x, own_series = (own[0], own[1]) if x == "k" else (own[1], own[0])
+                    if own_series is not None and v == own_series and own_x in pts.index:
+                        ax.plot([own_x], [pts.loc[own_x]], marker="o", markersize=14, markerfacecolor="none",
+                                markeredgecolor="black", linestyle="none",
+                                label="this run" if mi == 0 else None)
             ax.set_xlabel(x)
             ax.set_ylabel(label)
             ax.set_title(f"{label} vs {x}")

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -31,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
@@ -46,24 +46,37 @@ from stream_anon.core.datasets import (
 from stream_anon.core.loss import summarize_release_frame
 from stream_anon.core.schema import Schema
 from stream_anon.core.verify import ReleaseRoles, diversity_meta, verify_release_frame, write_release_meta
+from stream_anon.kafka_io.address import DEFAULT_CONNECT_SECONDS, BrokerUnreachableError, wait_for_broker
 from stream_anon.kafka_io.broker import EmbeddedBroker
-from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, STOP_GRACE_SECONDS, quiet_closing_clients
+from stream_anon.kafka_io.lifecycle import (
+    CLOSE_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+    quiet_client_libraries,
+    quiet_closing_clients,
+)
 from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.privacy.display import format_epsilon
+from stream_anon.replay.interrupts import InterruptGuard
 from stream_anon.replay.kafka_replay import ReplayStats, replay_records
 from stream_anon.replay.synthetic import synthetic_adult_records
-from stream_anon.runtime.run import start_metrics
+from stream_anon.runtime.run import exported_parts, start_metrics, stop_counts, without_idle_side_paths
 from stream_anon.runtime.supervisor import SidePaths
+from stream_anon.service.accounting import StopCounts, stop_line
 from stream_anon.service.app import LOOP_REQUEST_TIMEOUT_MS, MainPath, MainPathTotals
 from stream_anon.service.audit import (
     collect_outputs,
     partition_ends,
     read_topic_with_headers,
-    send_flush_markers,
 )
 from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.wiring import load_schema, with_release_secret
 
 log = logging.getLogger(__name__)
+
+REPLAY_STOP_SECONDS = 1.0
+"""On a stop, how long the replay may flush what it handed to its producer before closing it."""
+PLAIN_PROGRESS_SECONDS = 10.0
+"""Into a file or a pipe (not a terminal) the progress is a plain line at most this often."""
 
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stream-anon"
 
@@ -130,9 +143,13 @@ def _percentiles(values: pd.Series, population: str) -> dict[str, Any]:
 
 def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = None, rate: float = 0.0,
              run_dir: str | None = None, synthetic: bool = False, download: bool = True, timeout: float = 600.0,
-             stop_event: threading.Event | None = None, progress: bool = True) -> int:
+             stop_event: threading.Event | None = None, progress: bool = True,
+             connect_timeout: float = DEFAULT_CONNECT_SECONDS) -> int:
+    """The demo (see the module docstring); returns the exit code: 0 all verified, 1 not (or stopped before the
+    end: the run directory's summary.json then says ``"interrupted": true`` and what was left), 3 the broker of
+    ``--bootstrap-servers`` did not accept a connection within ``connect_timeout`` seconds."""
     t_start = time.monotonic()
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # keep the progress bar readable
+    quiet_client_libraries()  # the client libraries' lines never reach the operator (but at DEBUG)
     quiet_closing_clients()
     stop_event = stop_event or threading.Event()
     out_dir = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -142,7 +159,17 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     n = len(recs)
     print(f"demo: data: {source}", file=sys.stderr)
     broker: EmbeddedBroker | None = None
-    if not cfg.kafka.bootstrap_servers:
+    if cfg.kafka.bootstrap_servers:
+        try:  # one line naming the address, before anything starts; a Ctrl-C ends the wait at once
+            wait_for_broker(cfg.kafka.bootstrap_servers, connect_timeout, stop=stop_event.is_set)
+        except BrokerUnreachableError as e:
+            print(f"demo: {e}", file=sys.stderr)
+            _write_interrupted(out_dir, n, source, f"not started: {e}", None)
+            return 3
+        except InterruptedError:
+            _write_interrupted(out_dir, n, source, "stopped while waiting for the broker", None)
+            return 1
+    else:
         broker = EmbeddedBroker(log_path=out_dir / "tansu.log").start()
         cfg = cfg.with_options({"kafka.bootstrap_servers": broker.bootstrap_servers,  # fast group join (half of it):
                                 "kafka.session_timeout_ms": min(cfg.kafka.session_timeout_ms, 6000)})
@@ -151,12 +178,17 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     assert bs is not None
     # the side paths' exact statistics beside the estimates, to print estimate errors (demo only: NOT private)
     cfg = dataclasses.replace(cfg, side_paths=dataclasses.replace(cfg.side_paths, truth=True))
+    cfg = without_idle_side_paths(cfg)
     cfg, secret = with_release_secret(cfg)  # once, for the main path, its workers and the side paths
     registry = CollectorRegistry()
-    metrics = ServiceMetrics(registry)
+    metrics = ServiceMetrics(registry, parts=exported_parts(cfg))
     heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
     main_thread: threading.Thread | None = None
+    main: MainPath | None = None
     side: SidePaths | None = None
+    stopped: str | None = None  # why the demo stopped before every record was released
+    replay_thread: threading.Thread | None = None
+    replay_guard = InterruptGuard()  # not installed: a stop sets its pending signal, the replay ends at its next record
     try:
         try:
             start_metrics(cfg, registry, heartbeat)
@@ -171,44 +203,48 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
         main_thread = threading.Thread(target=main.run, name="main-path", daemon=True)
         main_thread.start()
         side = _start_side(cfg, metrics, stop_event)
-        if not main.ready.wait(120):
-            print("demo: the main path did not start (broker unreachable?)", file=sys.stderr)
-            return 1
+        while not main.ready.wait(0.1):  # a stop, or the main path giving up on the broker, ends the wait at once
+            if stop_event.is_set() or not main_thread.is_alive():
+                stopped = ("stopped before the main path started" if stop_event.is_set() else
+                           f"the main path did not start (broker {bs}: see the line above)")
+                print(f"demo: {stopped}", file=sys.stderr)
+                return 1
         # replay in a thread; this thread draws the progress bar
         replay_stats: dict[str, ReplayStats] = {}
 
-        def replay() -> None:
-            st = replay_records(recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions,
-                                producer_config={**cfg.kafka.security_options()})
-            p = KafkaProducer(bootstrap_servers=bs, **cfg.kafka.security_options())
-            send_flush_markers(p, cfg.topics.input, sorted(st.partition_counts) or [0])
-            p.close()
-            replay_stats["stats"] = st
+        def replay() -> None:  # the end-of-stream markers after the last record; a stop ends it at its next record
+            replay_stats["stats"] = replay_records(
+                recs, cfg.topics.input, bs, rate, partitions=cfg.topics.partitions, end_of_stream=True,
+                producer_config={**cfg.kafka.security_options()}, interrupts=replay_guard,
+                interrupt_flush_timeout_s=REPLAY_STOP_SECONDS)
 
         t_replay = time.monotonic()
-        rt = threading.Thread(target=replay, name="replay", daemon=True)
+        rt = replay_thread = threading.Thread(target=replay, name="replay", daemon=True)
         rt.start()
         t = main.totals
         deadline = time.monotonic() + timeout
-        last_draw = 0.0
+        bar = ProgressLine(n, sys.stderr) if progress else None
         while True:
             done = t.released + t.suppressed + t.dead_lettered
             side_now = side.progress() if side is not None else None
             side_done = side is None or not side.alive or (
                 side_now is not None and side_now["processed"] + sum(side_now.get("skipped", {}).values()) >= n)
-            if progress and time.monotonic() - last_draw > 0.2:
-                last_draw = time.monotonic()
-                _draw(done, n, t, side_now, time.monotonic() - t_replay)
-            if done >= n and side_done and "stats" in replay_stats:
+            if bar is not None:
+                bar.update(done, t, side_now, time.monotonic() - t_replay)
+            if done >= n and side_done and "stats" in replay_stats and not replay_stats["stats"].interrupted:
                 break
             if stop_event.is_set() or time.monotonic() > deadline or not main_thread.is_alive():
-                print(f"\ndemo: stopped before every record was released ({done:,}/{n:,})", file=sys.stderr)
+                stopped = ("stopped (a signal)" if stop_event.is_set() else
+                           f"gave up after --timeout {timeout:g} s" if time.monotonic() > deadline else
+                           "the main path ended (see the lines above)")
+                if bar is not None:
+                    bar.close()
                 return 1
             time.sleep(0.05)
         seconds_to_release = time.monotonic() - t_replay
-        if progress:
-            _draw(t.released + t.suppressed + t.dead_lettered, n, t, side_now, seconds_to_release)
-            print(file=sys.stderr)
+        if bar is not None:
+            bar.update(t.released + t.suppressed + t.dead_lettered, t, side_now, seconds_to_release, final=True)
+            bar.close()
         time.sleep(cfg.service.commit_interval_ms / 1000.0 + 0.2)  # let the last watermark commit
         stop_event.set()
         side_summary = (side.stop() or {}) if side is not None else {}
@@ -217,15 +253,23 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
                              replay_stats["stats"], seconds_to_release, time.monotonic() - t_start)
     finally:
         stop_event.set()
+        if replay_thread is not None and replay_thread.is_alive():  # its producer closes before the broker goes
+            replay_guard.pending = signal.SIGINT
+            replay_thread.join(REPLAY_STOP_SECONDS + CLOSE_TIMEOUT_SECONDS)
         # the same order as `run`: the side paths and the main path stop (each bounded), the broker last
         if side is not None:
             side.stop()
         if main_thread is not None:
             main_thread.join(STOP_GRACE_SECONDS + 4 * CLOSE_TIMEOUT_SECONDS + LOOP_REQUEST_TIMEOUT_MS / 1000.0)
-        # kafka-python clients still closing log "Metadata refresh failed" once the run is over: not an error here
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
         if broker is not None:
             broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
+        if stopped is not None and main is not None and main.ready.is_set():  # all stopped: what was left
+            counts = stop_counts(main)
+            line = stop_line(counts, memory_broker=broker is not None and not broker.durable)
+            print(f"demo: {stopped} before every record was released: {line}", file=sys.stderr, flush=True)
+            _write_interrupted(out_dir, n, source, stopped, counts, line)
+        elif stopped is not None:
+            _write_interrupted(out_dir, n, source, stopped, None)
     _print_summary(summary, out_dir)
     try:
         from stream_anon.report.html import write_report  # matplotlib: imported only when a report is written
@@ -238,21 +282,59 @@ def run_demo(cfg: Config, *, adult: str | None = None, records: int | None = Non
     return 0 if ok else 1
 
 
+def _write_interrupted(out_dir: Path, n: int, source: str, reason: str, counts: StopCounts | None,
+                       line: str | None = None) -> None:
+    """``summary.json`` of a demo that stopped before every record was released: it says so, why, and what the
+    main path consumed, released, suppressed, dead-lettered and left (no released table: ``report`` refuses the
+    folder, ``summary.json`` explains it)."""
+    summary: dict[str, Any] = {"interrupted": True, "reason": reason, "data_source": source, "records_in": n,
+                               "files": {"tansu_log": "tansu.log"} if (out_dir / "tansu.log").is_file() else {}}
+    if counts is not None:
+        summary.update({"records_consumed": counts.consumed, "records_released": counts.released,
+                        "records_suppressed": counts.suppressed, "records_dead_lettered": counts.dead_lettered,
+                        "records_skipped": counts.skipped, "records_left_buffered": counts.left,
+                        "records_handed_over": counts.handed_over, "stop": line})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+class ProgressLine:
+    """The demo's progress: on a terminal one line redrawn in place (``\\r``) every 0.2 s; into a file or a pipe
+    a plain line every :data:`PLAIN_PROGRESS_SECONDS` (no ``\\r`` updates in logs)."""
+
+    def __init__(self, n: int, stream: Any) -> None:
+        self.n = n
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last = 0.0
+        self._drawn = False
+
+    def update(self, done: int, t: MainPathTotals, side: dict[str, Any] | None, elapsed: float,
+               final: bool = False) -> None:
+        every = 0.2 if self.tty else PLAIN_PROGRESS_SECONDS
+        if not final and time.monotonic() - self._last < every:
+            return
+        self._last = time.monotonic()
+        width = 30
+        frac = min(done / self.n, 1.0) if self.n else 1.0
+        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+        side_txt = f" | side {side['processed']:,}" if side is not None else ""
+        text = (f"released [{bar}] {done:,}/{self.n:,} {frac:4.0%} (anon {t.released:,}, suppressed "
+                f"{t.suppressed:,}, dlq {t.dead_lettered:,}){side_txt} {elapsed:5.1f} s")
+        self.stream.write(f"\r{text} " if self.tty else f"demo: {text}\n")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 def _start_side(cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> SidePaths | None:
     if not cfg.side_paths.enabled or cfg.service.side_paths_mode == "off":
         return None
     side = SidePaths(cfg, metrics, stop_event)
     return side if side.mode != "off" else None
-
-
-def _draw(done: int, n: int, t: MainPathTotals, side: dict[str, Any] | None, elapsed: float) -> None:
-    width = 30
-    frac = min(done / n, 1.0) if n else 1.0
-    bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-    side_txt = f" | side {side['processed']:,}" if side is not None else ""
-    sys.stderr.write(f"\rreleased [{bar}] {done:,}/{n:,} {frac:4.0%} (anon {t.released:,}, suppressed "
-                     f"{t.suppressed:,}, dlq {t.dead_lettered:,}){side_txt} {elapsed:5.1f} s ")
-    sys.stderr.flush()
 
 
 def _summarize(cfg: Config, schema: Schema, bs: str, n: int, source: str, original: pd.DataFrame | None,
@@ -417,14 +499,20 @@ def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
         pubs = side.get("published", {})
         lines.append("  side paths (local DP, independent consumer group):")
         for topic, e in eps.items():
-            lines.append(f"    {topic:<18} eps per record {e:.3f}  messages {pubs.get(topic, 0):,}  "
-                         f"eps spent (sum) {side.get('epsilon_spent', {}).get(topic, 0.0):,.1f}")
+            lines.append(f"    {topic:<18} eps per record {format_epsilon(e)}  messages {pubs.get(topic, 0):,}")
+        if side.get("epsilon_all_side_topics"):
+            window = side.get("epsilon_kmeans_window") or 0.0
+            lines.append(f"    one record over all side outputs: eps {format_epsilon(side['epsilon_all_side_topics'])}"
+                         + (f" (k-means: {format_epsilon(window)}, the one window it is in)" if window else ""))
         for name, est in sorted(side.get("estimates", {}).items()):
             err = est.get("abs_error")
             se = est.get("standard_error")
             lines.append(f"    estimate {name:<28} abs error {_fmt(err, 4)}  std error {_fmt(se, 4)}")
         if side.get("kmeans_windows"):
-            lines.append(f"    k-means windows released: {side['kmeans_windows']}")
+            budget = side.get("kmeans_budget")
+            lines.append(f"    k-means windows released: {side['kmeans_windows']}" + (
+                f"; lifetime budget used {format_epsilon(budget['used'])} of {format_epsilon(budget['total'])}"
+                if budget else ""))
         if side.get("error"):
             lines.append(f"    side-path error: {side['error']}")
     lines.append(f"  run directory: {out_dir}  (summary.json, released.csv; `stream-anon report {out_dir}`)")

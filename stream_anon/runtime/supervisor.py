@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -31,12 +32,12 @@ from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     die_with_parent,
+    quiet_client_libraries,
     quiet_closing_clients,
 )
-from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.metrics.definitions import SIDE, ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
 from stream_anon.side.app import SideStatus, run_side_paths
-from stream_anon.side.metrics import side_registry
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class SideReport:
 class SidePaths:
     """The LDP side paths started next to the main path (see the module docstring)."""
 
-    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event) -> None:
+    def __init__(self, cfg: Config, metrics: ServiceMetrics, stop_event: threading.Event, *,
+                 new_budget: bool = False) -> None:
         self.cfg = cfg
         self.mode = cfg.service.side_paths_mode if cfg.side_paths.enabled else "off"
         self.status: SideStatus | None = None
@@ -78,20 +80,22 @@ class SidePaths:
         self._summary: dict[str, Any] | None = None
         self._asked = False
         self._stop_sent: float | None = None  # monotonic time of the stop request
+        self._recv_lock = threading.Lock()  # the refusal watcher and stop() both read the pipe
         self.exit_code: int | None = None
         if self.mode == "thread":
             status = self.status = SideStatus()
 
             def run() -> None:
-                self.exit_code = run_side_paths(cfg, metrics, stop_event, status=status)
+                self.exit_code = run_side_paths(cfg, metrics, stop_event, status=status, new_budget=new_budget)
 
             self._thread = threading.Thread(target=run, name="side-paths")
             self._thread.start()
         elif self.mode == "process":
             ctx = mp.get_context("spawn")
             self._conn, child_end = ctx.Pipe(duplex=True)
-            self._process = ctx.Process(target=side_process_main, args=(cfg, child_end), name="stream-anon-side-paths",
-                                        daemon=False)
+            self._process = ctx.Process(target=side_process_main,
+                                        args=(cfg, child_end, logging.getLogger().getEffectiveLevel(), new_budget),
+                                        name="stream-anon-side-paths", daemon=False)
             self._process.start()
             child_end.close()
             log.info("side paths started in process %d (metrics port %s)", self._process.pid,
@@ -112,8 +116,13 @@ class SidePaths:
         return self._summary
 
     def _drain(self) -> None:
+        with self._recv_lock:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
         conn = self._conn
-        assert conn is not None
+        if conn is None:  # closed by stop()
+            return
         try:
             while conn.poll():
                 report: SideReport = conn.recv()
@@ -123,6 +132,13 @@ class SidePaths:
                     self.exit_code = report.exit_code
         except (EOFError, OSError):
             pass
+
+    def refused(self) -> bool:
+        """True once the side paths ended with exit code 2 (their budget or configuration was refused at start)
+        before any stop was asked (process mode: learnt from the child's final report)."""
+        if self._conn is not None and self._stop_sent is None:
+            self._drain()
+        return self.exit_code == 2 and self._stop_sent is None and not self.alive
 
     @property
     def alive(self) -> bool:
@@ -161,31 +177,35 @@ class SidePaths:
                 log.warning("side-path process %d did not stop within %.0f s: killing it", proc.pid, timeout)
                 proc.kill()
                 proc.join(5)
-            conn.close()
-            self._conn = None
+            with self._recv_lock:
+                conn.close()
+                self._conn = None
         return self.progress()
 
 
-def side_process_main(cfg: Config, conn: Connection) -> None:
+def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.INFO, new_budget: bool = False) -> None:
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
-    ``conn``."""
+    ``conn``; logging at the service's ``log_level``."""
     parent = mp.parent_process()
     die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
         signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()
-    metrics = ServiceMetrics(CollectorRegistry())
-    if cfg.service.side_metrics_port:
-        try:  # only the side paths' metrics: the main path's gauges would be exported here at 0
-            serve_metrics(side_registry(metrics), cfg.service.side_metrics_port, cfg.service.metrics_addr)
-        except OSError as e:
-            log.warning("side-path metrics endpoint not started: %s", e)
+    metrics = ServiceMetrics(CollectorRegistry(), parts=frozenset({SIDE}))  # only the side paths' metrics
     stop = threading.Event()
     status = SideStatus()
+    if cfg.service.side_metrics_port:
+        stall = cfg.service.healthz_stall_seconds
+        try:
+            serve_metrics(metrics.registry, cfg.service.side_metrics_port, cfg.service.metrics_addr,
+                          health=lambda: status.health(stall), port_option="service.side_metrics_port")
+        except OSError as e:
+            log.warning("side-path metrics endpoint not started: %s", e)
     exit_code: list[int] = []
-    th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status)),
+    th = threading.Thread(target=lambda: exit_code.append(run_side_paths(cfg, metrics, stop, status=status,
+                                                                         new_budget=new_budget)),
                           name="side-paths")
     th.start()
     while th.is_alive():
@@ -206,3 +226,7 @@ def side_process_main(cfg: Config, conn: Connection) -> None:
         conn.send(SideReport(status.summary(), exit_code[0] if exit_code else 1))
     except (OSError, ValueError):
         pass
+    # everything is closed and reported: end the child now (the interpreter's teardown of numpy, the Kafka clients
+    # and the mechanisms takes about a second on a busy machine, and the service waits for this process)
+    logging.shutdown()
+    os._exit(0)

@@ -161,3 +161,45 @@ class LedgerAccounting:
             else:
                 chk.exactly_once += 1
         return chk
+
+
+# ------------------------------------------------------------------------------------------------ the stop line
+@dataclass(frozen=True)
+class StopCounts:
+    """What one service process did with what it consumed, when it stops (the final line of ``run`` and ``demo``).
+
+    ``consumed`` = ``released`` + ``suppressed`` + ``dead_lettered`` + ``skipped`` (already accounted by an earlier
+    run: recovery) + ``left`` (buffered in the engines, not yet released: not committed, so the next start reads
+    them again) + ``handed_over`` (buffered in partitions taken away by a rebalance: their new owner reads them
+    again).  End-of-stream markers are not records and count in none of them.
+    """
+
+    consumed: int
+    released: int
+    suppressed: int
+    dead_lettered: int
+    skipped: int
+    left: int
+
+    @property
+    def handed_over(self) -> int:
+        return self.consumed - self.released - self.suppressed - self.dead_lettered - self.skipped - self.left
+
+
+def stop_line(counts: StopCounts, *, memory_broker: bool = False) -> str:
+    """The final line of a stopped service: what it consumed and what became of it, consistent with each other
+    (see :class:`StopCounts`).  ``memory_broker``: the records left are lost with the embedded in-memory broker;
+    the line says so and how to keep them."""
+    c = counts
+    parts = [f"consumed {c.consumed:,}", f"released {c.released:,}", f"suppressed {c.suppressed:,}",
+             f"dead-lettered {c.dead_lettered:,}"]
+    if c.skipped:
+        parts.append(f"skipped {c.skipped:,} (accounted by an earlier run)")
+    if c.handed_over:
+        parts.append(f"handed to other members at rebalances {c.handed_over:,}")
+    left = f"left for the next start {c.left:,} (buffered, not yet released"
+    if c.left and memory_broker:
+        left += ("; LOST with the embedded in-memory broker: to keep them, run against an external broker "
+                 "(--bootstrap-servers) or on durable storage, or end the input with an end-of-stream marker "
+                 "before stopping")
+    return ", ".join(parts) + ", " + left + ")"

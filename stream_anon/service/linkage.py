@@ -7,6 +7,10 @@
   occur legitimately inside generalizations (``"[17-21]"``): search record ids that cannot collide (the replay
   tools can prefix them), and check offsets and timings structurally with :func:`forbidden_fields`.
 * :func:`forbidden_fields`: JSON field names of a public message that must not exist (:data:`FORBIDDEN_PUBLIC_FIELDS`).
+* :func:`permutation_match_moments` and :class:`PositionLinkage`: how often an attacker who knows a record's input
+  position finds its side copy at (or within ``d`` of) the same offset, against what a uniformly random order of
+  each mixing window gives (the expected count and its variance, exact for a uniform permutation; the side paths'
+  windows: :mod:`stream_anon.side.mixing`).
 * :func:`release_timing_attack`: how often an attacker who knows every record's arrival time and QIs (the threat
   model's attacker) pins the *expiring member* of a class from the class message's Kafka timestamp: CASTLE releases
   a class when its oldest record is delta arrivals old, so the record delta arrivals before the arrival that
@@ -581,3 +585,120 @@ def released_records(records: Any) -> list[ReleasedRecord]:
     return [ReleasedRecord(int(p), int(o), str(c), None if r != r else int(r), None if lat != lat else lat * 1000.0)
             for p, o, c, r, lat in zip(rel.src_partition, rel.src_offset, rel.class_id, rel.release_offset,
                                        rel.latency_s, strict=True)]
+
+
+# ============================================================================================ position linkage
+def permutation_match_moments(allowed: np.ndarray) -> tuple[float, float]:
+    """Mean and variance of X = #{i : pi(i) in A_i} for pi a uniformly random permutation of n positions, where
+    ``allowed[i, j]`` says position j is in A_i (n x n booleans).
+
+    With r_i = |A_i|, c_j = #{i : j in A_i} and S = sum r_i: P(pi(i) in A_i) = r_i / n, and for i != j
+    P(pi(i) in A_i, pi(j) in A_j) = (r_i r_j - |A_i & A_j|) / (n (n - 1)), so
+
+        E X = S / n,   E X^2 = S / n + ((S^2 - sum r_i^2) - (sum c_j^2 - S)) / (n (n - 1)).
+
+    (A_i = {i}: the fixed points, mean 1 and variance 1.)"""
+    a = np.asarray(allowed, dtype=bool)
+    n = a.shape[0]
+    if a.shape != (n, n):
+        raise ValueError(f"allowed: expected a square matrix, got shape {a.shape}")
+    if n == 0:
+        return 0.0, 0.0
+    r = a.sum(axis=1).astype(np.float64)
+    c = a.sum(axis=0).astype(np.float64)
+    total = float(r.sum())
+    mean = total / n
+    if n == 1:
+        return mean, mean * (1 - mean)
+    pairs = (total * total - float((r * r).sum())) - (float((c * c).sum()) - total)
+    return mean, max(0.0, mean + pairs / (n * (n - 1)) - mean * mean)
+
+
+@dataclass
+class PositionLinkage:
+    """Hits of the position attack summed over windows, beside what a uniform permutation of each window gives:
+    ``hits`` observed, ``expected`` and ``variance`` (windows are independent: means and variances add)."""
+
+    copies: int = 0
+    hits: int = 0
+    expected: float = 0.0
+    variance: float = 0.0
+    windows: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+    def add(self, hits: int, allowed: np.ndarray) -> None:
+        """One window: its observed ``hits`` and its ``allowed`` matrix (:func:`permutation_match_moments`)."""
+        mean, var = permutation_match_moments(allowed)
+        self.copies += int(allowed.shape[0])
+        self.hits += int(hits)
+        self.expected += mean
+        self.variance += var
+        self.windows += 1
+        self.sizes.append(int(allowed.shape[0]))
+
+    @property
+    def fraction(self) -> float:
+        return self.hits / self.copies if self.copies else math.nan
+
+    @property
+    def expected_fraction(self) -> float:
+        return self.expected / self.copies if self.copies else math.nan
+
+    @property
+    def z(self) -> float:
+        """(hits - expected) / sd; |z| <= 4 is what a uniform shuffle within each window gives."""
+        return (self.hits - self.expected) / math.sqrt(self.variance) if self.variance > 0 else math.inf
+
+    def __str__(self) -> str:
+        return (f"{self.hits:,} of {self.copies:,} ({self.fraction:.5f}); a uniform shuffle of each of the "
+                f"{self.windows} windows gives {self.expected:.1f} +- {math.sqrt(self.variance):.1f} "
+                f"({self.expected_fraction:.5f}), z = {self.z:.2f}")
+
+
+def offset_windows(partitions: Sequence[int], offsets: Sequence[int], timestamps: Sequence[int]
+                   ) -> list[list[int]]:
+    """The mixing windows of a side topic: indices of its copies grouped by partition into runs of consecutive
+    offsets with one Kafka timestamp (a window's copies share its release time and one block of offsets)."""
+    order = sorted(range(len(offsets)), key=lambda i: (partitions[i], offsets[i]))
+    out: list[list[int]] = []
+    prev: tuple[int, int, int] | None = None
+    for i in order:
+        key = (partitions[i], timestamps[i], offsets[i])
+        if prev is None or key[0] != prev[0] or key[1] != prev[1] or key[2] != prev[2] + 1:
+            out.append([])
+        out[-1].append(i)
+        prev = key
+    return out
+
+
+def offset_linkage(windows: Sequence[Sequence[int]], side_offsets: Sequence[int], input_offsets: Sequence[int],
+                   distance: int = 0) -> PositionLinkage:
+    """The position attack on copies whose records are known (by pseudonym): a hit is a copy whose side offset is
+    within ``distance`` of its record's input offset (same partition: a window keeps its partition); the null
+    model places each window's records uniformly on the window's offsets."""
+    out = PositionLinkage()
+    for w in windows:
+        pos = np.array([side_offsets[i] for i in w], dtype=np.int64)
+        src = np.array([input_offsets[i] for i in w], dtype=np.int64)
+        allowed = np.abs(src[:, None] - np.sort(pos)[None, :]) <= distance
+        out.add(int((np.abs(pos - src) <= distance).sum()), allowed)
+    return out
+
+
+def value_linkage(windows: Sequence[Sequence[int]], side_positions: Sequence[Any], copy_values: Sequence[Any],
+                  input_value_at: Any) -> PositionLinkage:
+    """The position attack without pseudonyms: a hit is a copy whose values equal those of the input record at its
+    own position (``side_positions[i]``, e.g. (partition, offset); ``input_value_at(position)``: the input record's
+    values there; with a high eps a copy reports its record's values).  A window's
+    records are the input records at its copies' offsets (one contiguous block per partition); the null model
+    places them uniformly on those offsets."""
+    out = PositionLinkage()
+    for w in windows:
+        pos = [side_positions[i] for i in w]
+        truth = [input_value_at(o) for o in pos]
+        index = {v: k for k, v in enumerate(dict.fromkeys(truth))}
+        codes = np.array([index[v] for v in truth], dtype=np.int64)
+        allowed = codes[:, None] == codes[None, :]  # record at position k may sit at j: same values
+        hits = sum(1 for i, t in zip(w, truth, strict=True) if copy_values[i] == t)
+        out.add(hits, allowed)
+    return out

@@ -68,7 +68,8 @@ class BatchAccounting:
         if s.released or s.suppressed:
             m.gt_loss.set(self.totals.gt_loss)
         if res.n_messages:
-            m.processing_seconds.observe(res.elapsed / res.n_messages)
+            # issue 20: one observation per message (the batch's mean), not one per batch
+            m.processing_seconds.observe_repeated(res.elapsed / res.n_messages, res.n_messages)
         if owned is not None:
             m.buffered_records.labels(partition=str(owned.partition)).set(owned.buffered)
             m.open_clusters.labels(partition=str(owned.partition)).set(owned.open_clusters)

@@ -5,13 +5,21 @@ the main path), the pure :class:`~stream_anon.side.processor.SidePathProcessor`,
 Loop: ``poll`` a batch; decode and validate every message with the main path's
 :class:`~stream_anon.formats.decoding.RecordDecoder` (same reasons), clipping out-of-domain numeric values into the
 schema's public domain (``side_paths.out_of_domain: clip``, :class:`~stream_anon.side.decoding.SideDecoder`);
-**commit the batch's offsets first**, then perturb it; if that changed a cumulative budget (the k-means stream
-budget, the per-person cap), **write the budget state to the internal compacted topic and wait for its
-acknowledgement** (:mod:`stream_anon.side.budget_store`); only then send the copies (JSON-encoded column-wise,
-keyed by the records' pseudonyms, sent in bulk), the estimates and the k-means releases it triggered
-(``acks=all``; acknowledged at a flush every ``service.commit_interval_ms`` and whenever a poll returns nothing,
-when the metrics count them).  At start the persisted budgets are restored; a state that exists but cannot be
-read stops the side paths with one line naming the topic (exit code 2).
+**commit the batch's offsets first**, then perturb it; if that changed a cumulative budget (the lifetime cap of
+each record or person, the k-means window counter and stream budget), **write the budget state to the internal
+compacted topic and wait for its acknowledgement** (:mod:`stream_anon.side.budget_store`); only then send the
+estimates and k-means releases it triggered, and hand the copies (JSON-encoded column-wise, keyed by the records'
+pseudonyms) to the input partition's mixing window (:mod:`stream_anon.side.mixing`), which sends each window's
+copies in bulk, shuffled and stamped with the window's release time, once it holds ``side_paths.mixing.records``
+records or is ``side_paths.mixing.seconds`` old (``acks=all``; acknowledged at a flush every
+``service.commit_interval_ms`` and whenever a poll returns nothing, when the metrics count them).
+
+At start the budget is opened (:meth:`stream_anon.side.budgets.SideBudgets.open`): the state of the INPUT TOPIC is
+read from the budget topic and checked against the anchor (a committed offset of the group
+``stream-anon-side-budget.<input>``); a state that is missing, tombstoned, older than the anchor or unreadable stops
+the side paths with one ERROR line naming the key and ``--new-budget`` (exit code 2, and ``stream-anon run`` stops
+too).  A first or deliberately new budget (``new_budget``, logged as a WARNING) is written, and the anchor with it,
+before the first record is consumed; the anchor follows the budget's writes at every flush.
 
 Why commit before publishing: a record consumed again after a crash would be randomized a second time with
 fresh noise, and two independent reports of the same value spend 2 eps, not the eps printed on them.
@@ -29,6 +37,10 @@ true`` (side paths running without a main path) dead-letters them too, redacted 
 ``stream-anon-control: flush``, end of stream, one per input partition): once every assigned partition's
 latest message is such a control, a final round of estimates is published and a partial k-means window is
 released (if it holds at least ``kmeans.min_partial_window`` records).
+
+At a clean stop every open mixing window is released (a record gets a copy on every enabled side topic or on none:
+they are committed before they are perturbed, so a crash loses the copies of the open windows, never half of a
+record's copies), then the final estimates.
 
 Estimates and the k-means window live in memory: after a restart they cover the records since the restart.  The
 pseudonym key is ``release.secret`` (resolved once by the service's parent process); run standalone without one,
@@ -61,7 +73,7 @@ from stream_anon.formats.release import (
     dead_letter_message,
     resolve_secret,
 )
-from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.clients import connect_admin, make_consumer, prepare_topics, retry
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     CommitFailedError,
@@ -73,11 +85,20 @@ from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
-from stream_anon.side.budget_store import BudgetStore, BudgetTopic, BudgetTopicError
-from stream_anon.side.budgets import SideStateError
+from stream_anon.privacy.display import format_epsilon, format_epsilons
+from stream_anon.side.budget_store import (
+    BudgetStore,
+    BudgetTopic,
+    BudgetTopicError,
+    read_anchor,
+    side_outputs_found,
+    write_anchor,
+)
+from stream_anon.side.budgets import BudgetAnchor, SideStateError
 from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
+from stream_anon.side.mixing import CopyMixer, MixedWindow
 from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
@@ -93,28 +114,49 @@ class SideStatus:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, person cap, commit failures)
     clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
     published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
-    epsilon_spent: dict[str, float] = field(default_factory=dict)  # topic -> sum of eps published
+    kmeans_budget: dict[str, float] | None = None  # the k-means lifetime budget: total, used, remaining (if any)
     epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
     epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
     epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
     estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
     kmeans_windows: int = 0
     kmeans_refused: int = 0
+    mixing_windows: int = 0  # windows of copies released
+    budget_generation: int = 0  # the budget's generation (docs/side-paths.md, "Budgets")
     kmeans_stopped: bool = False
     positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (committed)
     group_id: str = ""
     ready: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    last_tick: float = field(default_factory=time.monotonic)  # the loop's last iteration (or the start)
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    def health(self, stall_seconds: float) -> tuple[bool, str]:
+        """(healthy, one line) for the side-path process's ``/healthz``: unhealthy when the side paths failed,
+        finished, or their loop has not turned for ``stall_seconds`` (``service.healthz_stall_seconds``)."""
+        age = time.monotonic() - self.last_tick
+        if self.error is not None:
+            return False, f"failed: side paths stopped: {self.error}"
+        if self.finished.is_set():
+            return False, "stopped: the side paths have finished"
+        if age > stall_seconds:
+            return False, (f"stalled: the side-path loop has not turned for {age:.0f} s (bound "
+                           f"service.healthz_stall_seconds = {stall_seconds:g})")
+        state = "running" if self.ready.is_set() else "starting"
+        return True, f"ok: side paths {state}, loop turned {age:.1f} s ago, {self.processed:,} records perturbed"
 
     def summary(self) -> dict[str, Any]:
         """The totals as plain data (JSON, pickling across processes)."""
         return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
                 "clipped": dict(self.clipped), "published": dict(self.published),
-                "epsilon_spent": dict(self.epsilon_spent), "epsilon_per_record": dict(self.epsilon_per_record),
+                "epsilon_per_record": dict(self.epsilon_per_record), "kmeans_budget": self.kmeans_budget,
                 "epsilon_kmeans_window": self.epsilon_kmeans_window,
                 "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
+                "mixing_windows": self.mixing_windows, "budget_generation": self.budget_generation,
                 "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
                 "control": self.control}
 
@@ -139,13 +181,15 @@ def side_group_id(cfg: Config) -> str:
 class SidePathApp:
     """One side-path member.  ``run()`` until ``stop_event`` is set; returns an exit code.
 
-    The cumulative budgets are per side consumer group (the state keys start with the group id): run ONE member per
-    group when a cumulative budget is configured (the service starts one).
+    The cumulative budgets belong to the input topic (the state keys start with its name), whatever the group: run
+    ONE side-path member per input topic (the service starts one).  ``new_budget``: start a new budget generation
+    deliberately (``stream-anon run --new-budget``; a WARNING, recorded in the budget topic).
     """
 
     def __init__(self, cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
                  *, schema: Schema | None = None, status: SideStatus | None = None,
-                 rng: np.random.Generator | int | None = None) -> None:
+                 rng: np.random.Generator | int | None = None, new_budget: bool = False) -> None:
+        self.new_budget = new_budget
         self.cfg = cfg
         self.side = cfg.side_paths
         self.stop_event = stop_event or threading.Event()
@@ -159,7 +203,7 @@ class SidePathApp:
         self.release = ReleaseOptions(secret=self.secret.text, dlq_payload=cfg.dlq.payload,
                                       dlq_max_payload_bytes=cfg.service.dlq_max_bytes)
         self.processor = SidePathProcessor(self.side, self.schema, topics=self.topics, rng=rng,
-                                           pseudonymize=Pseudonymizer(self.secret.value), scope=self.group_id)
+                                           pseudonymize=Pseudonymizer(self.secret.value), scope=self.input_topic)
         self.metrics = SideMetrics(metrics if metrics is not None else ServiceMetrics(CollectorRegistry()),
                                    self.processor, self.input_topic)
         self.status.epsilon_per_record = dict(self.processor.epsilon_per_record)
@@ -169,6 +213,9 @@ class SidePathApp:
         self.budget_topic = BudgetTopic(cfg, budget_topic(self.side, self.input_topic)) \
             if self.processor.budgets.persistent else None
         self.budget_store: BudgetStore | None = self.budget_topic
+        self.mixer = CopyMixer(self.side.mixing.records, self.side.mixing.seconds, self.processor.rng)
+        self._admin: KafkaAdminClient | None = None  # kept open for the anchor
+        self._anchored: BudgetAnchor | None = None  # the anchor as last committed
         self._poller: Poller | None = None
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
@@ -183,6 +230,13 @@ class SidePathApp:
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
         self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
 
+    def output_topics(self) -> list[str]:
+        """The side topics of the paths that run (only those are created): the per-record topics with an
+        attribute, the estimates topic when one of them runs, the k-means topic when k-means runs."""
+        t, p = self.topics, self.processor
+        per_record = [topic for topic in (t.krr, t.rs, t.blap) if topic in p.epsilon_per_record]
+        return [*per_record, *([t.estimates] if per_record else []), *([t.kmeans] if p.kmeans_enabled else [])]
+
     def startup_warnings(self) -> list[str]:
         """Lines logged as WARNING at start: seeded noise, a generated pseudonym secret, the truth tracker."""
         out = []
@@ -193,8 +247,18 @@ class SidePathApp:
         if self.side.pseudonyms and self.secret.generated:
             out.extend(ReleaseOptions().startup_warnings(secret_generated=True))
         if not self.side.pseudonyms:
-            out.append("side_paths.pseudonyms is false: side copies carry no key and no id (each batch's copies of "
-                       "each topic in a random order); copies of one record cannot be grouped")
+            m = self.side.mixing
+            out.append(f"side_paths.pseudonyms is false: side copies carry no key and no id; each topic's copies "
+                       f"leave in windows of {m.records} records (or what arrived in {m.seconds:g} s), in an "
+                       f"independent random order: within a window, positions do not join one record's copies across "
+                       f"topics, but a window holding ONE record (a quiet partition) joins them by its timestamp")
+        if self.side.person_budget.cap_epsilon is None:
+            out.append("side_paths.person_budget.cap_epsilon is null: no lifetime cap; every pass over the same "
+                       f"records (a replay, another consumer group) spends {self.processor.epsilon_all_topics!r} "
+                       f"again per record")
+        if self.side.mixing.records < 100:
+            out.append(f"side_paths.mixing.records is {self.side.mixing.records}: a copy's position places it "
+                       f"among that few records of its window")
         return out
 
     # ------------------------------------------------------------------ lifecycle
@@ -203,11 +267,15 @@ class SidePathApp:
         :func:`~stream_anon.kafka_io.clients.prepare_topics`); 0, or the exit code of a start that failed."""
         cfg, stop, t, topic = self.cfg, self.stop_event.is_set, self.topics, self.budget_topic
         # side topics get topics.partitions partitions (estimates and k-means windows are not per input partition)
-        wanted = [t.krr, t.rs, t.blap, t.estimates, t.kmeans, *([t.dlq] if self.side.dead_letter else [])]
+        wanted = [*self.output_topics(), *([t.dlq] if self.side.dead_letter else [])]  # only the paths that run
+
+        anchor: list[BudgetAnchor | None] = [None]
 
         def ensure_budget_topic(admin: KafkaAdminClient) -> None:
             if topic is not None:
                 retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
+                anchor[0] = retry("read the budget anchor", lambda: read_anchor(admin, self.input_topic), cfg.kafka,
+                                  stop=stop)
 
         try:
             counts = prepare_topics(cfg.kafka, wanted, cfg.topics.layout(), what="create side topics",
@@ -219,9 +287,15 @@ class SidePathApp:
                                        stop=StopClock(self.stop_event).give_up, label="side")
         store = self.budget_store
         if store is not None:
-            rc = self.restore_budgets(store, lambda: retry("read the budget state", store.load, cfg.kafka, stop=stop))
+            spending = [t.krr, t.rs, t.blap, t.kmeans]
+            rc = self.restore_budgets(
+                store, lambda: retry("read the budget state", store.load, cfg.kafka, stop=stop), anchor=anchor[0],
+                outputs_exist=lambda: retry("look for side outputs", lambda: side_outputs_found(cfg, spending),
+                                            cfg.kafka, stop=stop))
             if rc:
                 return rc
+            self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
+            self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
         consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka, stop=stop)
         self._poller = GroupPoller(consumer, self.input_topic, max_records=cfg.kafka.max_poll_records,
                                    reader=lambda: PartitionReader(cfg.kafka))
@@ -237,6 +311,9 @@ class SidePathApp:
         try:
             rc = self._start()
         except BrokerUnavailableError as e:
+            if self.stop_event.is_set():  # told to stop while still connecting: a clean stop, nothing was read
+                log.info("side paths: stopped before they started (%s)", e)
+                return self._failed_start(None, 0)
             return self._failed_start(str(e), 3)
         except Exception as e:  # a thread's top: never die silently (the main path goes on without side paths)
             log.exception("side paths: start failed")
@@ -245,10 +322,14 @@ class SidePathApp:
             return rc
         self._poller.subscribe()
         self.metrics.budgets()
-        p, t = self.processor, self.topics
-        log.info("side paths: consuming %s as group %r -> %s; exact eps per record %s, k-means window %r, all side "
-                 "outputs %r", self.input_topic, self.group_id, ", ".join((t.krr, t.rs, t.blap, t.estimates, t.kmeans)),
-                 p.epsilon_per_record, p.epsilon_kmeans, p.epsilon_all_topics)
+        p, m = self.processor, self.side.mixing
+        cap = self.side.person_budget.cap_epsilon
+        log.info("side paths: consuming %s as group %r -> %s; each record spends %s over all side outputs (exact eps "
+                 "per topic %s, k-means window %s), lifetime cap %s per %s; copies leave in shuffled windows of "
+                 "%d records or %g s", self.input_topic, self.group_id, ", ".join(self.output_topics()),
+                 format_epsilon(p.epsilon_all_topics), format_epsilons(p.epsilon_per_record),
+                 format_epsilon(p.epsilon_kmeans), "none (cap_epsilon: null)" if cap is None else format_epsilon(cap),
+                 "person" if self.schema.person_id else "record id", m.records, m.seconds)
         self.status.ready.set()
         rc = 0
         try:
@@ -265,16 +346,24 @@ class SidePathApp:
             self._shutdown()
         return rc
 
-    def restore_budgets(self, store: BudgetStore, load: Callable[[], dict[str, bytes]] | None = None) -> int:
-        """Restore the persisted budgets from ``store`` (``load``: how to read it, default ``store.load``); 0, or
-        2 after one ERROR line naming the store and the key when the state exists but cannot be read."""
+    def restore_budgets(self, store: BudgetStore, load: Callable[[], dict[str, bytes]] | None = None, *,
+                        anchor: BudgetAnchor | None = None,
+                        outputs_exist: Callable[[], str | None] = lambda: None) -> int:
+        """Open the budget of the input topic from ``store`` (``load``: how to read it, default ``store.load``)
+        against its ``anchor`` (:meth:`SideBudgets.open <stream_anon.side.budgets.SideBudgets.open>`); 0, or 2
+        after one ERROR line naming the store, the key and ``--new-budget`` when the state is refused."""
         state = (load or store.load)()
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
-            self.processor.restore_budgets(state)
+            opening = self.processor.open_budgets(state, anchor=anchor, outputs_exist=outputs_exist,
+                                                  new_budget=self.new_budget, when=when, where=store.describe())
         except SideStateError as e:
             return self._failed_start(f"not started: {store.describe()}: {e}", 2)
-        log.info("side paths: budgets restored from %s (%d state records)%s", store.describe(), len(state),
-                 self._budget_text())
+        self.status.budget_generation = opening.generation
+        if opening.kind == "new":
+            log.warning("side paths: %s", opening.message)
+        else:
+            log.info("side paths: %s (%d state records)%s", opening.message, len(state), self._budget_text())
         return 0
 
     def _budget_text(self) -> str:
@@ -283,14 +372,20 @@ class SidePathApp:
         if b.kmeans is not None:
             parts.append(f"; k-means stream budget {b.kmeans.spent:.6g} of {b.kmeans.total_epsilon:g} spent")
         if b.person is not None:
-            parts.append(f"; per-person sketch: {b.person.n_spends} spends accepted, {b.person.n_refused} refused")
+            rate = b.person.fresh_refusal_rate(self.processor.epsilon_all_topics)
+            parts.append(f"; lifetime-cap sketch: {b.person.n_spends} spends accepted, {b.person.n_refused} refused, "
+                         f"a record never seen would be refused with probability {rate:.2g}")
+        if b.kmeans_windows:
+            parts.append(f"; next k-means window id {b.next_window}")
         return "".join(parts)
 
-    def _failed_start(self, error: str, rc: int) -> int:
-        log.error("side paths: %s", error)
+    def _failed_start(self, error: str | None, rc: int) -> int:
+        if error is not None:
+            log.error("side paths: %s", error)
         if self._producer is not None:
             self._producer.close(0.0)
             self._producer = None
+        self._close_admin()
         self.status.error = error
         self.status.finished.set()
         return rc
@@ -300,14 +395,16 @@ class SidePathApp:
         assert poller is not None
         poll_ms = self.cfg.service.poll_timeout_ms
         while not self.stop_event.is_set():
+            self.status.tick()  # /healthz of the side-path process
             batch = poller.poll(poll_ms, self._unreadable)
             if not batch:
-                self._publish(self.processor.poll(), 0)
+                self._publish(self.processor.poll(), 0, self.mixer.due())
                 self._flush()
                 continue
             for partition, recs in batch.items():
                 if recs:
                     self._process(partition, recs)
+            self._publish([], 0, self.mixer.due())  # windows that aged while the batch was processed
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
 
@@ -347,27 +444,30 @@ class SidePathApp:
             return
         self._count_input(partition, recs, decoded)
         outputs: list[Out] = []
-        copies: list[CopyBatch] = []
+        windows: list[MixedWindow] = []
         events: list[SideEvent] = []
         for records, flush_after in decoded.segments:
             if records:
                 b = self._perturb(partition, records)
                 if b is not None:
-                    copies.extend(b.copies)
+                    if b.copies:  # all of a record's copies go into the same window
+                        self.mixer.add(partition, b.copies, len(b.copies[0]))
                     outputs.extend(b.outputs)
                     events.extend(b.events)
                 self._ended.discard(partition)
             if flush_after:
                 self._ended.add(partition)
+                windows.extend(self.mixer.flush([partition]))  # the end of this partition's stream
                 if self._all_partitions_ended():
                     outputs.extend(self.processor.flush())
         outputs.extend(self.processor.poll())  # timer (nothing right after a flush: no new records since)
+        windows.extend(self.mixer.due())
         if decoded.dlq:
             assert self._producer is not None
             self._producer.send(decoded.dlq)
             for reason in decoded.dlq_reasons:
                 self.metrics.dead_lettered(reason)
-        self._publish(outputs, partition, copies, events)
+        self._publish(outputs, partition, windows, events)
 
     def _commit_first(self, partition: int, recs: Sequence[PolledRecord]) -> bool:
         """Commit the batch's offsets before anything of it is randomized; False: the commit failed, nothing of the
@@ -423,9 +523,11 @@ class SidePathApp:
         record; the metric counts every one)."""
         n = self.status.skipped.get(SKIP_PERSON_BUDGET, 0)
         if n >= self._next_refusal_log:
-            log.warning("side paths: %d record(s) so far got no side output: their person is over "
-                        "side_paths.person_budget.cap_epsilon = %g (each record spends %r)", n,
-                        self.side.person_budget.cap_epsilon, self.processor.epsilon_all_topics)
+            log.warning("side paths: %d record(s) so far got no side output: their %s would exceed its lifetime "
+                        "cap side_paths.person_budget.cap_epsilon = %g (each pass of a record spends %r; a replay or "
+                        "another consumer group reads records that spent it already)", n,
+                        "person" if self.schema.person_id else "record id", self.side.person_budget.cap_epsilon,
+                        self.processor.epsilon_all_topics)
             while self._next_refusal_log <= n:
                 self._next_refusal_log *= 10
 
@@ -448,11 +550,12 @@ class SidePathApp:
                                   max_payload_bytes=o.dlq_max_payload_bytes)
         return OutputMessage("dlq", self.topics.dlq, partition, msg.key, msg.value)
 
-    def _publish(self, outputs: list[Out], partition: int, copies: Sequence[CopyBatch] = (),
+    def _publish(self, outputs: list[Out], partition: int, windows: Sequence[MixedWindow] = (),
                  events: Sequence[SideEvent] = ()) -> None:
-        """Persist the budgets the batch changed (and wait for the acknowledgement), then send the encoded
-        per-record ``copies`` and ``outputs`` (acknowledged at the next :meth:`_flush`, which also counts them in
-        the metrics)."""
+        """Persist the budgets the batch changed (and wait for the acknowledgement; the first write of a run also
+        commits the anchor), then send ``outputs`` and the released mixing ``windows`` (each window's copies with
+        its timestamp, to its input partition's side partition; acknowledged at the next :meth:`_flush`, which also
+        counts them in the metrics)."""
         proc = self.processor
         producer = self._producer
         assert producer is not None
@@ -460,10 +563,15 @@ class SidePathApp:
         if updates:
             assert self.budget_store is not None
             self.budget_store.put(producer, updates)  # BEFORE the outputs that spent them
+            if self._anchored is None or self._anchored.generation != proc.budgets.generation:
+                self._write_anchor()  # a run's first write: the anchor before anything is published
         events = [*events, *proc.drain_events()]
-        for c in copies:
-            producer.send_values(c.topic, partition, c.keys, c.payloads, self._copy_headers[c.topic])
-        self._unacked_copies.extend(copies)
+        for w in windows:
+            for c in w.copies:
+                producer.send_values(c.topic, w.partition, c.keys, c.payloads, self._copy_headers[c.topic],
+                                     timestamp_ms=w.timestamp_ms)
+            self._unacked_copies.extend(w.copies)
+            self.status.mixing_windows += 1
         if outputs:
             per_record = self._per_record_topics
             producer.send([OutputMessage(self._kinds.get(topic, "side"), topic, partition,
@@ -484,9 +592,34 @@ class SidePathApp:
         if events:
             self.metrics.budgets()
 
+    def _write_anchor(self) -> None:
+        """Commit the budget's (generation, write) as its anchor (a WARNING when the broker refuses it: tried again
+        at the next flush; the state itself is acknowledged already)."""
+        anchor = self.processor.budgets.anchor
+        if self._admin is None or anchor.seq == 0:
+            return
+        try:
+            write_anchor(self._admin, self.input_topic, anchor)
+        except (KafkaError, OSError) as e:
+            log.warning("side paths: the budget anchor (%s) was not committed (%r); tried again at the next flush",
+                        anchor, e)
+            return
+        self._anchored = anchor
+
+    def _close_admin(self) -> None:
+        if self._admin is not None:
+            try:
+                self._admin.close()
+            except (KafkaError, OSError) as e:  # closing a client of a dead broker
+                log.debug("admin close failed: %r", e)
+            self._admin = None
+
     def _flush(self) -> None:
-        """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status)."""
+        """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status); move the
+        budget's anchor to its latest write."""
         self._last_flush = time.monotonic()
+        if self._anchored is not None and self._anchored < self.processor.budgets.anchor:
+            self._write_anchor()
         if self._producer is None or not (self._unacked or self._unacked_copies):
             return
         self._producer.flush()
@@ -500,18 +633,16 @@ class SidePathApp:
         for topic, _key, msg in outputs:
             if topic == t.estimates:
                 status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
-            elif topic == t.kmeans:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + float(msg["epsilon"])
-        for topic in self._per_record_topics:
-            if topic in per_topic:
-                status.epsilon_spent[topic] = status.epsilon_spent.get(topic, 0.0) + \
-                    per_topic[topic] * self.processor.epsilon_per_record[topic]
+        acc = self.processor.kmeans_accountant  # the one lifetime budget (k-means total_epsilon), if any
+        if acc is not None:
+            status.kmeans_budget = {"total": acc.total_epsilon, "used": acc.spent, "remaining": acc.remaining}
 
     def _shutdown(self) -> None:
         closing = Closing()
         try:
             if self._producer is not None and self._poller is not None and self.status.ready.is_set():
-                self._publish(self.processor.flush(partial_kmeans=False), 0)  # final estimates, no budget spent
+                # every open window (a record has a copy on every side topic or on none), final estimates
+                self._publish(self.processor.flush(partial_kmeans=False), 0, self.mixer.flush())
                 self._flush()
         except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
             log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
@@ -520,8 +651,13 @@ class SidePathApp:
             self._poller.close(closing.consumer_seconds)
         if self._producer is not None:
             self._producer.close(closing.producer_seconds)
+        self._close_admin()
         self.status.finished.set()
-        log.info("side paths stopped: %s", {k: v for k, v in self.status.summary().items() if k != "estimates"})
+        shown = {k: v for k, v in self.status.summary().items() if k != "estimates"}
+        for key in ("epsilon_kmeans_window", "epsilon_all_side_topics"):  # eps at 4 decimals, not 17 digits
+            shown[key] = format_epsilon(shown[key])
+        shown["epsilon_per_record"] = format_epsilons(shown["epsilon_per_record"])
+        log.info("side paths stopped: %s", shown)
 
 
 def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
@@ -538,15 +674,16 @@ def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
 
 def run_side_paths(cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
                    *, schema: Schema | None = None, status: SideStatus | None = None,
-                   rng: np.random.Generator | int | None = None) -> int:
+                   rng: np.random.Generator | int | None = None, new_budget: bool = False) -> int:
     """Run the side paths until ``stop_event`` is set (call it in a thread: ``threading.Thread(target=
     run_side_paths, args=(cfg, metrics, stop_event))``).  Pass a :class:`SideStatus` to follow progress
     (``ready``, ``finished``, ``processed``, ``published``, ``estimates``).  Returns 0, or 3 when the broker is
-    unreachable, 1 on an unexpected error (logged; the main path is not affected), 2 when the persisted budget state
-    exists but cannot be read (one ERROR line naming the topic and the key).  The config was validated when it was
+    unreachable, 1 on an unexpected error (logged; the main path is not affected), 2 when the budget is refused: its
+    state is missing, tombstoned, older than its anchor or unreadable (one ERROR line naming the topic, the key and
+    ``--new-budget``; ``new_budget`` starts a new budget generation instead).  The config was validated when it was
     loaded (the side-path options included); a config built otherwise and found invalid here returns 2 too."""
     try:
-        app = SidePathApp(cfg, metrics, stop_event, schema=schema, status=status, rng=rng)
+        app = SidePathApp(cfg, metrics, stop_event, schema=schema, status=status, rng=rng, new_budget=new_budget)
     except ValueError as e:  # SidePathConfigError, PrivacyParameterError, SchemaError
         log.error("side paths not started: %s", e)
         if status is not None:

@@ -8,24 +8,32 @@ beginning to its high watermark and keeps the last value per key.  On a broker t
 partition keeps every version and ``load`` reads them all: the start-up time then grows with the history (about
 16 bytes per changed counter of the per-person sketch, nothing per record otherwise).
 
-The topic is INTERNAL (docs/threat-model.md): the per-person sketch's state holds its secret hash key.
+The topic is INTERNAL (docs/threat-model.md): the lifetime-cap sketch's state holds its secret hash key.
+
+The budget's **anchor** lives outside that topic (:mod:`stream_anon.side.budgets`): the committed offset of the
+consumer group :func:`~stream_anon.side.budgets.anchor_group` on the input's partition 0, read with
+:func:`read_anchor` and written with :func:`write_anchor` (``OffsetCommit`` through the admin client: no member ever
+joins that group).  :func:`side_outputs_found` tells a first start from a budget that vanished when there is
+neither a state nor an anchor: the side topics that spend (copies, k-means) must be empty.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, NoError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata
 
 from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
 from stream_anon.kafka_io.clients import client_options
 from stream_anon.kafka_io.producer import OutputProducer
+from stream_anon.side.budgets import BudgetAnchor, anchor_group
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +131,53 @@ class BudgetTopic:
             return
         producer.send([OutputMessage(KIND, self.topic, 0, key.encode(), value) for key, value in records.items()])
         producer.flush()
+
+
+def read_anchor(admin: KafkaAdminClient, input_topic: str) -> BudgetAnchor | None:
+    """The budget anchor of ``input_topic`` (None: the anchor group has no committed offset there)."""
+    tp = TopicPartition(input_topic, 0)
+    group = anchor_group(input_topic)
+    found = admin.list_group_offsets({group: [tp]}).get(group, {})
+    committed = found.get(tp)
+    return BudgetAnchor.from_offset(None if committed is None else int(committed.offset))
+
+
+def write_anchor(admin: KafkaAdminClient, input_topic: str, anchor: BudgetAnchor) -> None:
+    """Commit ``anchor`` as the anchor group's offset on ``input_topic``'s partition 0 (raises ``KafkaError`` when
+    the broker refuses it).  The metadata names it for whoever lists the group's offsets (Apache Kafka keeps it;
+    Tansu drops it)."""
+    tp = TopicPartition(input_topic, 0)
+    result = admin.alter_group_offsets(anchor_group(input_topic), {tp: OffsetAndMetadata(
+        anchor.offset, f"stream-anon side-path budget anchor: {anchor}", -1)})
+    error = result.get(tp)
+    if isinstance(error, type) and issubclass(error, KafkaError) and error is not NoError:
+        raise error(f"the budget anchor of {input_topic!r} was not committed")
+
+
+def side_outputs_found(cfg: Config, topics: Sequence[str], timeout_s: float = 10.0) -> str | None:
+    """The first of ``topics`` that holds a message (``"topic 'x' holds messages"``), or None when all are empty or
+    missing.  Reads from each partition's beginning (Tansu's ListOffsets is not reliable: a fetch is)."""
+    consumer = KafkaConsumer(**client_options(cfg.kafka), group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=20)
+    try:
+        existing = set(consumer.topics())
+        tps = [TopicPartition(t, p) for t in topics if t in existing for p in (consumer.partitions_for_topic(t) or ())]
+        if not tps:
+            return None
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for tp, recs in consumer.poll(timeout_ms=200).items():
+                if recs:
+                    return f"side topic {tp.topic!r} holds messages"
+            if all(consumer.highwater(tp) is not None for tp in tps):
+                for tp in tps:
+                    if int(consumer.highwater(tp) or 0) > int(consumer.position(tp) or 0):
+                        return f"side topic {tp.topic!r} holds messages"
+                return None
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"side topics {sorted({tp.topic for tp in tps})}: no fetch answer within "
+                                        f"{timeout_s:g} s")
+    finally:
+        consumer.close()

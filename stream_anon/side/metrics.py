@@ -1,9 +1,14 @@
 """The side paths' metrics: the only side-path code that touches Prometheus.
 
 The metrics themselves are defined once, with the service's, in :class:`stream_anon.metrics.definitions.ServiceMetrics`;
-this module updates them from what the side app acknowledged (:class:`SideMetrics`), and :func:`side_registry`
-gives the registry the side-path process exports: the side paths' metrics only (the main path's gauges would be
-exported there at 0 otherwise).
+this module updates them from what the side app acknowledged (:class:`SideMetrics`).  The side-path process
+exports only these (``ServiceMetrics(registry, parts={SIDE})``; :func:`side_registry` for a registry holding every
+metric).
+
+eps metrics say what a record spends, never a sum over records (that has no privacy meaning):
+``stream_anon_epsilon_per_record{topic}`` is the exact eps of one record on the topic (k-means: the window it is
+in); a lifetime budget (k-means with ``side_paths.kmeans.total_epsilon``) shows ``..._budget_total``, ``_used`` and
+``_remaining``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from stream_anon.side.encoding import CopyBatch
 from stream_anon.side.processor import Out, SidePathProcessor
 
 SIDE_METRICS = ("side_records_consumed", "side_records_skipped", "side_values_clipped", "side_records_published",
-                "side_outputs_refused", "epsilon_spent", "epsilon_budget_total", "epsilon_budget_remaining",
+                "side_outputs_refused", "epsilon_per_record", "epsilon_budget_total", "epsilon_budget_used",
+                "epsilon_budget_remaining",
                 "estimate_standard_error", "estimate_abs_error", "records_dead_lettered", "produce_errors",
                 "broker_reconnects")
 """The :class:`ServiceMetrics` attributes the side paths update (and export from their own process)."""
@@ -66,19 +72,17 @@ class SideMetrics:
     def budget_refused(self, topic: str) -> None:
         """A k-means window refused because its budget is exhausted."""
         self.m.side_outputs_refused.labels(topic=topic, reason="budget_exhausted").inc()
-        self.m.epsilon_budget_remaining.labels(topic=topic).set(self.processor.kmeans_budget()[1])
+        self.budgets()
 
     def published(self, outputs: Sequence[Out], copies: Sequence[CopyBatch]) -> dict[str, int]:
         """Count acknowledged messages; returns messages per topic.
 
-        ``epsilon_spent{topic}`` adds each per-record copy's ``epsilon_total`` and each k-means window's eps;
         ``estimate_standard_error{topic,attribute}`` = the largest frequency SE over categories (frequency
         estimates) or the SE of the mean; ``estimate_abs_error{topic,attribute}`` (truth tracker only) = mean
         absolute frequency error over categories, or |mean - true mean|.
         """
         m, t = self.m, self.processor.topics
         per_topic: dict[str, int] = {}
-        eps: dict[str, float] = {}
         for topic, _key, msg in outputs:
             per_topic[topic] = per_topic.get(topic, 0) + 1
             if topic == t.estimates:
@@ -89,32 +93,26 @@ class SideMetrics:
                 truth = msg.get("truth")
                 if truth is not None and math.isfinite(truth.get("abs_error", math.nan)):
                     m.estimate_abs_error.labels(topic=src, attribute=attr).set(truth["abs_error"])
-            elif topic == t.kmeans:
-                eps[topic] = eps.get(topic, 0.0) + float(msg["epsilon"])
-            else:
-                eps[topic] = eps.get(topic, 0.0) + float(msg["epsilon_total"])
         for c in copies:
             per_topic[c.topic] = per_topic.get(c.topic, 0) + len(c)
-            eps[c.topic] = eps.get(c.topic, 0.0) + len(c) * c.epsilon_total
         for topic, count in per_topic.items():
             m.side_records_published.labels(topic=topic).inc(count)
-        for topic, e in eps.items():
-            m.epsilon_spent.labels(topic=topic).inc(e)
+        if any(topic == t.kmeans for topic, _key, _msg in outputs):
+            self.budgets()  # a window spent part of a lifetime budget
         return per_topic
 
     def budgets(self) -> None:
-        """``epsilon_budget_total/remaining{topic}``: per-record topics show one record's budget (the configured
-        split budget, else the sum of its attributes' eps) and what is left of it; k-means shows the stream
-        budget (``kmeans.total_epsilon``) or, without one, the per-window budget."""
+        """``epsilon_per_record{topic}``: the exact eps one record spends on each side topic that runs (k-means:
+        one window's); ``epsilon_budget_total/used/remaining{topic}``: the k-means stream budget
+        (``kmeans.total_epsilon``), the only lifetime budget of a topic (none without it: each record is in one
+        window)."""
         p, m = self.processor, self.m
-        cfg, t = p.config, p.topics
-        configured = {t.krr: cfg.krr.record_epsilon, t.rs: cfg.rs.record_epsilon, t.blap: cfg.blap.record_epsilon}
-        for topic, spent in p.epsilon_per_record.items():
-            rec = configured.get(topic)
-            total = float(rec) if rec is not None else spent
-            m.epsilon_budget_total.labels(topic=topic).set(total)
-            m.epsilon_budget_remaining.labels(topic=topic).set(max(0.0, total - spent))
+        for topic, eps in p.epsilon_per_record.items():
+            m.epsilon_per_record.labels(topic=topic).set(eps)
         if p.kmeans_enabled:
-            total, remaining = p.kmeans_budget()
-            m.epsilon_budget_total.labels(topic=t.kmeans).set(total)
-            m.epsilon_budget_remaining.labels(topic=t.kmeans).set(remaining)
+            m.epsilon_per_record.labels(topic=p.topics.kmeans).set(p.epsilon_kmeans)
+            acc = p.kmeans_accountant
+            if acc is not None:
+                m.epsilon_budget_total.labels(topic=p.topics.kmeans).set(acc.total_epsilon)
+                m.epsilon_budget_used.labels(topic=p.topics.kmeans).set(acc.spent)
+                m.epsilon_budget_remaining.labels(topic=p.topics.kmeans).set(acc.remaining)

@@ -29,11 +29,13 @@ standard errors (bounded Laplace).  Estimates are post-processing of the reports
 and stating the window's exact eps; an optional stream budget (``kmeans.total_epsilon``) is charged per window and,
 once exhausted, stops that output with an error log and an event (never silently).
 
-Cumulative budgets (the k-means stream budget, the per-person cap of ``person_budget.cap_epsilon`` for schemas with
-a person id) live in :class:`~stream_anon.side.budgets.SideBudgets`: :meth:`SidePathProcessor.take_budget_updates`
-gives their changed state, which the shell persists BEFORE it publishes the batch's outputs, and
-:meth:`SidePathProcessor.restore_budgets` loads it at start.  A record whose person would exceed the cap gets no
-side output at all (counted in ``skipped``).
+Cumulative budgets (the lifetime cap ``person_budget.cap_epsilon`` of each person, or of each record id when the
+schema has no person id, and the k-means stream budget with the window counter) live in
+:class:`~stream_anon.side.budgets.SideBudgets`, keyed by the input topic (``scope``):
+:meth:`SidePathProcessor.take_budget_updates` gives their changed state, which the shell persists BEFORE it publishes
+the batch's outputs, and :meth:`SidePathProcessor.open_budgets` loads it at start.  A record whose person (or id)
+would exceed its lifetime cap gets no side output at all (counted in ``skipped``): replaying the same records, or
+reading them again under another consumer group, publishes no copy beyond the cap.
 
 All noise (and the shuffle) comes from one injected generator: ChaCha20 keyed from OS entropy by default
 (:func:`~stream_anon.privacy.base.crypto_rng`); a seed only in tests and benchmarks.
@@ -59,12 +61,14 @@ from stream_anon.config.side_paths import (
     SideTopics,
     kmeans_mechanism,
     plan_side_paths,
+    with_schema_attributes,
 )
 from stream_anon.core.schema import Schema, adult_schema
+from stream_anon.formats.release import canonical_id_bytes
 from stream_anon.privacy.base import crypto_rng
 from stream_anon.privacy.budget import BudgetExhaustedError, BudgetSpend, WindowedBudget
 from stream_anon.privacy.dp_kmeans import nicv
-from stream_anon.side.budgets import SideBudgets
+from stream_anon.side.budgets import BudgetAnchor, BudgetOpening, SideBudgets
 from stream_anon.side.channels import CategoricalChannel, Channel, NumericChannel, TruthTracker
 from stream_anon.side.encoding import CopyBatch, copy_dict, copy_template, fill_copies
 
@@ -74,7 +78,7 @@ Out = tuple[str, str | None, dict[str, Any]]
 """One side message: (topic, key or None, JSON-ready value)."""
 
 SKIP_PERSON_BUDGET = "person_budget"
-"""Skip reason of a record whose person would exceed ``person_budget.cap_epsilon``."""
+"""Skip reason of a record whose person (or record id) would exceed its lifetime cap ``person_budget.cap_epsilon``."""
 SKIP_BAD_PERSON_ID = "bad_person_id"
 """Skip reason of a record whose person id is neither an integer nor a non-empty string (the cap cannot count it)."""
 
@@ -118,8 +122,7 @@ class SidePathProcessor:
     ``config.seed`` (refused at config load unless ``allow_seeded_noise``), else ChaCha20 from OS entropy.
     ``pseudonymize``: record id -> pseudonym, required with ``pseudonyms`` on (the side app passes
     ``stream_anon.formats.release.Pseudonymizer(release secret)``; this module stays pure).  ``scope``: prefix of the
-    budget state keys
-    (the side consumer group).  ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases,
+    budget state keys (the input topic: budgets belong to the data).  ``clock``: seconds, for ``estimates_every_seconds``.  Events (k-means releases,
     budget exhaustion) collect until :meth:`drain_events` (``process_batch_encoded`` drains them into its batch).
     """
 
@@ -127,8 +130,8 @@ class SidePathProcessor:
                  topics: SideTopics | None = None, rng: np.random.Generator | int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  pseudonymize: Callable[[Any], str] | None = None, scope: str = "side") -> None:
-        self.config = cfg = SidePathConfig.coerce(config)
         self.schema = schema if schema is not None else adult_schema()
+        self.config = cfg = with_schema_attributes(SidePathConfig.coerce(config), self.schema)  # lists given or declared
         self.topics = topics if topics is not None else SideTopics()
         self.rng = crypto_rng(rng if rng is not None else cfg.seed)
         self.clock = clock
@@ -158,9 +161,12 @@ class SidePathProcessor:
                                       "(pass pseudonymize=Pseudonymizer(release secret))")
         self.pseudonym = pseudonymize if cfg.pseudonyms else None
         pb = cfg.person_budget
-        self.person_field = self.schema.person_id if pb.cap_epsilon is not None else None
+        # the lifetime cap counts per person, else per record id (the key is hashed with the sketch's own secret)
+        self.person_field = (self.schema.person_id or self.schema.record_id) if pb.cap_epsilon is not None else None
+        self._by_record_id = self.person_field is not None and self.schema.person_id is None
         self.budgets = SideBudgets(scope=scope, kmeans_total=cfg.kmeans.total_epsilon if plan.kmeans else None,
-                                   person_cap=pb.cap_epsilon, person_width=pb.width, person_depth=pb.depth)
+                                   kmeans_windows=plan.kmeans is not None, person_cap=pb.cap_epsilon,
+                                   person_width=pb.width, person_depth=pb.depth)
         self.truth = TruthTracker() if cfg.truth else None
         if cfg.truth:
             log.warning("side paths: truth tracker ON: exact statistics are computed and published beside the "
@@ -168,6 +174,7 @@ class SidePathProcessor:
         # k-means: tumbling windows of the configured attributes, exact eps per window (+ an optional stream budget)
         k = cfg.kmeans
         self.kmeans_enabled = plan.kmeans is not None
+        self.kmeans_attributes: list[str] = plan.kmeans.attributes if plan.kmeans is not None else []
         self.kmeans_stopped = False
         self.kmeans_windows = 0
         self.kmeans_refused = 0
@@ -176,7 +183,7 @@ class SidePathProcessor:
         if plan.kmeans is not None:
             self.kmeans_bounds = (plan.kmeans.lower, plan.kmeans.upper)
             self.kmeans_window_budget = WindowedBudget(epsilon_per_window=plan.kmeans.epsilon)
-            self._window = np.empty((k.window, len(k.attributes)), dtype=np.float64)
+            self._window = np.empty((k.window, len(self.kmeans_attributes)), dtype=np.float64)
 
     # ------------------------------------------------------------------ views
     def topic_channels(self) -> list[tuple[str, list[Channel]]]:
@@ -205,16 +212,26 @@ class SidePathProcessor:
 
     # ------------------------------------------------------------------ budgets
     def restore_budgets(self, records: Mapping[str, bytes]) -> None:
-        """Load the persisted state of the cumulative budgets (key -> latest value); raises
-        :class:`~stream_anon.side.budgets.SideStateError` when it exists but cannot be read.  Call before the first
+        """Load the persisted state of the cumulative budgets (key -> latest value; no anchor: tests and tools);
+        raises :class:`~stream_anon.side.budgets.SideStateError` when it cannot be used.  Call before the first
         batch."""
-        self.budgets.restore(records)
+        self.open_budgets(records)
+
+    def open_budgets(self, records: Mapping[str, bytes], *, anchor: BudgetAnchor | None = None,
+                     outputs_exist: Callable[[], str | None] = lambda: None, new_budget: bool = False,
+                     when: str = "", where: str = "the budget topic") -> BudgetOpening:
+        """:meth:`SideBudgets.open <stream_anon.side.budgets.SideBudgets.open>`: restore, refuse
+        (:class:`~stream_anon.side.budgets.BudgetRefusedError`) or start a first or new budget; then stop the
+        k-means output when its restored stream budget cannot pay one more window.  Call before the first batch."""
+        opening = self.budgets.open(records, anchor=anchor, outputs_exist=outputs_exist, new_budget=new_budget,
+                                    when=when, where=where)
         acc = self.budgets.kmeans
         if acc is not None and not acc.can_spend(self.epsilon_kmeans):
             self.kmeans_stopped = True
             log.error("%s: DP k-means output stays STOPPED: the persisted stream budget has %.6g of "
                       "side_paths.kmeans.total_epsilon = %.6g left, less than one window's exact eps %r",
                       self.topics.kmeans, acc.remaining, acc.total_epsilon, self.epsilon_kmeans)
+        return opening
 
     def take_budget_updates(self) -> dict[str, bytes]:
         """State records of the budgets changed since the last call: persist them (and wait for the
@@ -290,13 +307,17 @@ class SidePathProcessor:
         pf = self.person_field
         if pf is None or not records:
             return records
-        ok_id = [_is_person_id(r[pf]) for r in records]
-        if not all(ok_id):
-            self._skip(SKIP_BAD_PERSON_ID, ok_id.count(False))
-            records = [r for r, ok in zip(records, ok_id, strict=True) if ok]
+        if self._by_record_id:  # validated records have an id: its canonical bytes are the key
+            keys: list[Any] = [canonical_id_bytes(r[pf]) for r in records]
+        else:
+            ok_id = [_is_person_id(r[pf]) for r in records]
+            if not all(ok_id):
+                self._skip(SKIP_BAD_PERSON_ID, ok_id.count(False))
+                records = [r for r, ok in zip(records, ok_id, strict=True) if ok]
+            keys = [r[pf] for r in records]
         if not records:
             return records
-        mask = self.budgets.spend_person([r[pf] for r in records], self.epsilon_all_topics)
+        mask = self.budgets.spend_person(keys, self.epsilon_all_topics)
         refused = int(mask.size - mask.sum())
         if refused:
             self._skip(SKIP_PERSON_BUDGET, refused)
@@ -339,7 +360,7 @@ class SidePathProcessor:
         out: list[Out] = []
         if self.kmeans_enabled:
             out.extend(self._kmeans_add(np.column_stack(
-                [np.asarray(column(a), dtype=np.float64) for a in self.config.kmeans.attributes])))
+                [np.asarray(column(a), dtype=np.float64) for a in self.kmeans_attributes])))
         every = self.config.estimates_every
         if every and self._since_estimates >= every:
             out.extend(self.emit_estimates(now))
@@ -443,7 +464,7 @@ class SidePathProcessor:
     def _kmeans_release(self, data: np.ndarray) -> list[Out]:
         k = self.config.kmeans
         topic = self.topics.kmeans
-        index = self.kmeans_windows + self.kmeans_refused
+        index = self.budgets.take_window()  # persisted: ids never repeat across restarts
         n = int(data.shape[0])
         if self.kmeans_stopped:
             self.kmeans_refused += 1
@@ -480,8 +501,9 @@ class SidePathProcessor:
                    "remaining": window.remaining_after})
         msg: dict[str, Any] = {
             "type": "kmeans", "window": index, "window_start_record": self._window_start, "n_records": n,
-            "attributes": list(k.attributes),
-            "bounds": {a: [float(lo), float(hi)] for a, lo, hi in zip(k.attributes, *self.kmeans_bounds, strict=True)},
+            "attributes": list(self.kmeans_attributes),
+            "bounds": {a: [float(lo), float(hi)] for a, lo, hi in zip(self.kmeans_attributes, *self.kmeans_bounds,
+                                                                       strict=True)},
             "n_clusters": k.n_clusters, "centroids": km.cluster_centers_.tolist(), "variant": k.variant,
             "gamma": k.gamma, "neighbouring": km.neighbouring, "max_depth": km.max_depth_, "epsilon": eps,
             "epsilon_tree": km.epsilon_tree, "epsilon_counts": km.epsilon_counts,
