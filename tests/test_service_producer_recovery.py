@@ -58,7 +58,9 @@ def config(bs: str, prefix: str) -> Config:
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": K, "anonymization.delta": 100,
         "anonymization.seed": 1, "service.commit_interval_ms": 200, "side_paths.enabled": False,
-        "service.workers": 0, "kafka.linger_ms": 5, "kafka.max_poll_records": 200})
+        "service.workers": 0, "kafka.linger_ms": 5, "kafka.max_poll_records": 200,
+        "release.tick_seconds": 0})  # (the faults count batches: one per poll batch; a failure while classes wait
+    # for their release tick: tests/test_service_ticks.py)
 
 
 def patch_clients(monkeypatch: pytest.MonkeyPatch, fault: Fault) -> list[UnconfirmingTransport]:

@@ -51,6 +51,11 @@ from stream_anon.kafka_io.settings import (
 from stream_anon.privacy.base import PrivacyParameterError
 
 ENV_PREFIX = "STREAM_ANON_"
+DEFAULT_TICK_SECONDS = 5.0
+"""``release.tick_seconds``: the classes formed within one wall-clock tick of this length are published together at
+its end, in a random order, all with the tick's end as their Kafka timestamp (:mod:`stream_anon.service.ticks`)."""
+MAX_TICK_SECONDS = 3600.0
+"""The longest ``release.tick_seconds`` (an hour; ``stream_anon.service.ticks`` checks the same bound)."""
 
 RAW_SUFFIX = ".raw"
 DERIVED_TOPICS = ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")
@@ -217,6 +222,7 @@ class ReleaseSettings:
 
     include_record_ids: bool = False  # true: class messages carry their members' record ids (OUTSIDE the threat model)
     secret: str | None = None  # key of side-copy pseudonyms and dead-letter hashes (>= 16 bytes); None: generated at start
+    tick_seconds: float = DEFAULT_TICK_SECONDS  # class messages leave at the end of wall-clock ticks (0 = at once)
 
 
 @dataclass(frozen=True)
@@ -298,6 +304,9 @@ class Config:
              s.side_paths_mode),
             ("service.idle_flush_seconds", s.idle_flush_seconds >= 0, "a number >= 0 (0 = never)",
              s.idle_flush_seconds),
+            ("release.tick_seconds", self.release.tick_seconds == 0 or 0.001 <= self.release.tick_seconds
+             <= MAX_TICK_SECONDS, f"0 (publish each class at once) or a number of seconds in [0.001, "
+             f"{MAX_TICK_SECONDS:.0f}]", self.release.tick_seconds),
             ("topics.partitions", t.partitions >= 1, "an integer >= 1", t.partitions),
             ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
             ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),

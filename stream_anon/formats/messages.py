@@ -30,7 +30,8 @@ def message_size(key: bytes | None, value: bytes | None, headers: tuple[tuple[st
 class OutputMessage:
     """One message to produce: ``kind`` names what it is (``ledger``, ``anon``, ``suppressed``, ``dlq``, or a side
     path's kind), ``topic``, the input partition it derives from (output partition = that mod the topic's
-    partitions), key, value (None: a tombstone) and headers."""
+    partitions), key, value (None: a tombstone), headers and Kafka timestamp (``timestamp_ms``, None: the
+    producer's send time)."""
 
     kind: str
     topic: str
@@ -38,6 +39,7 @@ class OutputMessage:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -243,11 +243,15 @@ def release_id(input_topic: str, partition: int, first_offset: int) -> str:
 
 @dataclass(frozen=True)
 class EncodedMessage:
-    """One output message exactly as it is produced: topic role, key and value bytes, no headers."""
+    """One output message exactly as it is produced: topic role, key and value bytes, no headers, and its Kafka
+    timestamp (``timestamp_ms``; None: the producer's send time).  The main path stamps a class message with the
+    end of its release tick (``release.tick_seconds``) before its ledger entry is written, so a re-send carries
+    the same timestamp; the digest does not cover it (a message found present is present)."""
 
     role: str
     key: bytes | None
     value: bytes
+    timestamp_ms: int | None = None
 
     def digest(self) -> bytes:
         """SHA-256 over role, key and value (how recovery recognizes the message in an output partition)."""

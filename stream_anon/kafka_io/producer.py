@@ -459,15 +459,17 @@ class OutputProducer:
         return src_partition % n
 
     def send(self, messages: Iterable[OutputMessage]) -> Receipt:
-        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers)."""
-        groups: dict[tuple[str, int], tuple[OutgoingBatch, list[Headers]]] = {}
+        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers and Kafka
+        timestamp)."""
+        groups: dict[tuple[str, int, int | None], tuple[OutgoingBatch, list[Headers]]] = {}
         parts: list[tuple[OutgoingBatch, range | list[int]]] = []
         for m in messages:
-            key = (m.topic, self.partition_for(m.topic, m.src_partition))
+            key = (m.topic, self.partition_for(m.topic, m.src_partition), m.timestamp_ms)
             g = groups.get(key)
             if g is None:
                 per_message: list[Headers] = []
-                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message), per_message)
+                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message,
+                                                 timestamp_ms=key[2]), per_message)
             batch, headers = g
             parts.append((batch, [len(batch.values)]))
             batch.keys.append(m.key)

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
@@ -50,6 +51,7 @@ from stream_anon.kafka_io.errors import (
 )
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.privacy.base import crypto_rng
 from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError
 from stream_anon.service.clients import (
     LOOP_REQUEST_TIMEOUT_MS,
@@ -95,7 +97,7 @@ class MainPath:
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
                  stop_event: threading.Event | None = None, secret_generated: bool = False,
-                 heartbeat: LoopHeartbeat | None = None) -> None:
+                 heartbeat: LoopHeartbeat | None = None, release_rng: np.random.Generator | None = None) -> None:
         if cfg.release.secret is None:
             cfg, secret = with_release_secret(cfg)
             secret_generated = secret.generated
@@ -114,6 +116,8 @@ class MainPath:
         self.progress = CommitProgress()
         self.heartbeat = heartbeat or LoopHeartbeat(cfg.service.healthz_stall_seconds)  # ticked every iteration
         self.view = LoopView()  # for the lag monitor: assigned partitions, consumed positions (replaced, never mutated)
+        # the shuffle of each release tick's classes: ChaCha20 from OS entropy (or anonymization.seed when set)
+        self.release_rng = release_rng if release_rng is not None else crypto_rng(cfg.anonymization.seed)
         self.metrics.k_parameter.set(cfg.anonymization.k)
         self.metrics.delay_bound_arrivals.set(cfg.anonymization.delta)
 

@@ -171,7 +171,8 @@ class LedgerEntry:
         reason: ``suppressed``: one of ``SUPPRESSION_REASONS``; ``dlq``: the dead-letter reason.
         class_id: ``class``: the public opaque class id (the link ledger -> anon message, internal only).
         outputs: the promised output messages (``class``/``suppressed``/``dlq``: exactly one, of the kind's
-            role; ``control``: none).
+            role; ``control``: none), each with its Kafka timestamp when it has one (a class message: the end of
+            its release tick, ``ts`` in the entry; a re-send carries it).
         incarnation: tag of the service incarnation that made it (diagnostics).
         trigger: ``class``/``suppressed``: the input offset whose arrival (or end-of-stream marker) released
             the records (None: not recorded, e.g. a wall-clock expiry without arrival).
@@ -267,6 +268,8 @@ class LedgerEntry:
             d: dict[str, Any] = {"role": o.role}
             _bytes_out("key", o.key, d)
             _bytes_out("value", o.value, d)
+            if o.timestamp_ms is not None:
+                d["ts"] = o.timestamp_ms
             outs.append(d)
         body: dict[str, Any] = {"v": LEDGER_VERSION, "t": self.kind, "topic": self.topic, "p": self.partition,
                                 "offsets": list(self.offsets), "horizon": self.horizon}
@@ -531,7 +534,10 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint | EntryChunk:
             val = _bytes_in("value", o)
             if val is None:
                 raise LedgerFormatError("output value: missing")
-            outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val))
+            ts = o.get("ts")
+            if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int) or ts < 0):
+                raise LedgerFormatError(f"output ts: expected a Kafka timestamp in ms >= 0, got {ts!r}")
+            outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val, ts))
         timing: dict[str, Any] = {}
         if body.get("trig") is not None:
             timing["trigger"] = _int(body, "trig")

@@ -3,7 +3,8 @@
 Each iteration: poll a batch -> the partition's pipeline (inline or in a worker process); the finished batches'
 ledger entries -> the ledger (step 1) and, once acknowledged, their outputs (step 2: :mod:`~stream_anon.service.
 outbox`); every ``service.commit_interval_ms`` steps 3-5 and, once confirmed, step 6
-(:mod:`~stream_anon.service.committer`); the broker's health (:mod:`~stream_anon.service.broker_health`).
+(:mod:`~stream_anon.service.committer`); the broker's health (:mod:`~stream_anon.service.broker_health`).  Class
+entries wait for the end of their release tick before step 1 (:mod:`~stream_anon.service.ticks`).
 
 A partition's first records start its recovery (:meth:`MainLoop._start_offset`,
 :class:`~stream_anon.service.recovery.PartitionRecovery`).  On revoke: finish in-flight batches, steps 1-4, commit
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
@@ -39,6 +42,7 @@ from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.outbox import LedgerOutbox
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
 from stream_anon.service.recovery import PartitionRecovery
+from stream_anon.service.ticks import ReleaseTicks
 from stream_anon.service.totals import BatchAccounting, MainPathTotals
 from stream_anon.service.workers import (
     Backend,
@@ -75,6 +79,7 @@ class LoopOwner(Protocol):
     ready: threading.Event
     assigned: threading.Event
     view: LoopView
+    release_rng: np.random.Generator
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class MainLoop:
         self._written_roles: set[str] = set()
         self.health.guard.unwritten_outputs = frozenset(topics.roles.values())
         self.health.guard.unwritten = self._unwritten
+        self.ticks = ReleaseTicks(self.cfg.release.tick_seconds, main.release_rng)
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
         self.broker_silent = False  # the stop path's commit was not answered: no client waits for the broker again
 
@@ -123,9 +129,11 @@ class MainLoop:
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
         req = a.requirement(self.main.schema)
-        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s (%s), %s, %s; ledger %s",
                  cfg.topics.input, cfg.kafka.group_id, a.k, req.describe() if req is not None else "no diversity",
-                 a.delta, a.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
+                 a.delta, a.beta, cfg.topics.anon, f"classes released every {cfg.release.tick_seconds:g} s"
+                 if self.ticks.enabled else "classes released at once", cfg.topics.suppressed, cfg.topics.dlq,
+                 self.clients.topics.ledger)
         self.main.ready.set()
         self._run_recovering()
 
@@ -158,7 +166,7 @@ class MainLoop:
         last_commit = time.monotonic()
         while not main.stop_event.is_set():
             main.heartbeat.tick()
-            batch = self.poller.poll(0 if self.outbox.waiting else cfg.service.poll_timeout_ms, self._on_unreadable)
+            batch = self.poller.poll(self._poll_timeout_ms(), self._on_unreadable)
             now = time.time()
             if batch:
                 self.health.answered()
@@ -168,6 +176,7 @@ class MainLoop:
             self._expire_and_flush(now)
             self.outbox.send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
             self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            self._release_held(self.table, time.time())  # step 1 for the classes of the ticks that ended
             main.view = LoopView(main.view.assigned, self.table.positions())
             self.outbox.send_acknowledged(wait=not batch)  # step 2
             self.committer.write_tombstones()  # step 6 (commits confirmed during the poll)
@@ -188,6 +197,7 @@ class MainLoop:
         try:
             if clean:
                 self._collect(wait_all=True, timeout=max(FINAL_COLLECT_SECONDS, clock.remaining()))
+                self._release_held(self.table, None)  # the unfinished tick, at once (stamped with its end)
                 if not self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
                                                                 max(0.5, clock.remaining()))):
                     self.broker_silent = True  # its checkpoint is acknowledged: the next start begins there
@@ -255,8 +265,9 @@ class MainLoop:
             if owned is not None:
                 owned.report(watermark=res.watermark, next_offset=res.next_offset, buffered=res.buffered,
                              open_clusters=res.open_clusters, horizon=res.horizon)
-            if res.entries:
-                self.outbox.write(res.partition, res.entries)
+            entries = self.ticks.hold(owned, res.entries, time.time()) if res.entries else res.entries
+            if entries:
+                self.outbox.write(res.partition, entries)
             self.accounting.record(res, owned)
 
     def _unwritten(self, topic: str) -> bool:
@@ -267,6 +278,19 @@ class MainLoop:
             return False
         self._written_roles.update(r for o in self.table for r, end in o.outbox.ends.items() if end > 0)
         return role not in self._written_roles
+
+    def _release_held(self, owned: Iterable[OwnedPartition], now: float | None) -> None:
+        """Step 1 for the held classes of the ticks that ended by ``now`` (None: all of them)."""
+        for o, entries in self.ticks.due(owned, now):
+            self.outbox.write(o.partition, entries)
+
+    def _poll_timeout_ms(self) -> int:
+        """No wait while outputs wait for their entries; else the poll timeout, or less when a tick ends sooner."""
+        if self.outbox.waiting:
+            return 0
+        timeout = self.cfg.service.poll_timeout_ms
+        until_tick = self.ticks.seconds_to_next(self.table, time.time())
+        return timeout if until_tick is None else min(timeout, math.ceil(until_tick * 1000))
 
     def _committed(self, partition: int, offset: int) -> None:
         self.health.note_committed(partition, offset)
@@ -389,6 +413,7 @@ class MainLoop:
         if not owned or self.closing_down:  # closing: the final commit covered them already
             return
         self._collect(wait_all=True)
+        self._release_held([o for o in self.table if o.partition in owned], None)
         self.committer.commit_revoked(owned)
         for o in self._drop(owned):
             log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "

@@ -77,8 +77,8 @@ class Topics:
         object.__setattr__(self, "role_of", {t: r for r, t in self.roles.items()})
 
     def output(self, partition: int, m: EncodedMessage) -> OutputMessage:
-        """The message of an output of input partition ``partition`` (no headers)."""
-        return OutputMessage(m.role, self.roles[m.role], partition, m.key, m.value)
+        """The message of an output of input partition ``partition`` (no headers; its own Kafka timestamp)."""
+        return OutputMessage(m.role, self.roles[m.role], partition, m.key, m.value, timestamp_ms=m.timestamp_ms)
 
     def ledger_message(self, partition: int, key: bytes | None, value: bytes | None) -> OutputMessage:
         """A ledger message (entry, checkpoint, or tombstone when ``value`` is None) of input partition
