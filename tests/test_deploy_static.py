@@ -96,6 +96,7 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert recording_rule_names() <= tested, recording_rule_names() - tested
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_rule_unit_tests_catch_a_broken_alert(tmp_path: Path) -> None:
     """Replacing any alert's expression by one that never fires makes `promtool test rules` fail."""

@@ -118,7 +118,7 @@ def test_the_demo_report_shows_no_empty_section_and_its_extras_hold_the_demos_fi
     demo = run_cli("demo", "--synthetic", "--records", str(N), "--seed", "5", "--run-dir", str(run_dir), *QUIET_PORTS,
                    timeout=600)
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-3000:]
-    assert "eps spent" not in demo.stdout and "one record over all side outputs: eps 12" in demo.stdout
+    assert "eps spent" not in demo.stdout and "one record over all side outputs: eps 3.9" in demo.stdout  # the default per-record total
     html = (run_dir / "report.html").read_text()
     assert 'class="missing"' not in html
     assert '<h2 id="loss">' not in html and '<h2 id="ldp">' not in html  # not shown: their inputs are not there

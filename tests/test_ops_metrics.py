@@ -24,6 +24,7 @@ from stream_anon.service.audit import send_flush_markers
 from stream_anon.side.processor import SidePathProcessor
 
 N = 1500
+KMEANS_WINDOW_EPS = SidePathProcessor(SidePathConfig(), rng=0, pseudonymize=str).epsilon_kmeans  # the default
 
 
 def _families(registry: CollectorRegistry) -> set[str]:
@@ -84,7 +85,7 @@ def test_the_service_processes_export_their_own_metrics_with_meaningful_eps(brok
     bs = broker.bootstrap_servers
     args = ["run", "--bootstrap-servers", bs, "--input-topic", f"{prefix}.raw", "--group-id", f"{prefix}-main",
             "--metrics-port", str(main_port), "--set", f"service.side_metrics_port={side_port}",
-            "--set", "kafka.session_timeout_ms=6000", "--set", "side_paths.kmeans.total_epsilon=3",
+            "--set", "kafka.session_timeout_ms=6000", "--set", "side_paths.kmeans.total_epsilon=1.25",
             "--set", "side_paths.kmeans.window=500", "--set", "side_paths.estimates_every=500"]
     with running(tmp_path / "run.log", *args) as run:
         wait_until("both paths", lambda: "main path: consuming" in run.text() and "side paths: consuming"
@@ -106,7 +107,7 @@ def test_the_service_processes_export_their_own_metrics_with_meaningful_eps(brok
 
         def side_done() -> dict[str, list[tuple[dict[str, str], float]]] | None:
             m = _scrape(side_port)
-            used = [v for labels, v in m.get("stream_anon_epsilon_budget_used", []) if v >= 3.0]
+            used = [v for labels, v in m.get("stream_anon_epsilon_budget_used", []) if v >= 3 * KMEANS_WINDOW_EPS - 1e-9]
             return m if used else None
 
         side = wait_until("the side paths' three k-means windows", side_done, 120, proc=run)
@@ -124,13 +125,13 @@ def test_the_service_processes_export_their_own_metrics_with_meaningful_eps(brok
     assert per_record == {**{t.replace("adult.", f"{prefix}."): e for t, e in proc.epsilon_per_record.items()},
                           f"{prefix}.kmeans": proc.epsilon_kmeans}
     assert all(v < 6 for v in per_record.values())  # was 162,805 for adult.krr (a sum over records)
-    # the lifetime budget of k-means: 3 windows of eps 1 spent of 3
+    # the lifetime budget of k-means: 3 windows of the default eps 0.4 spent of 1.25 (a fourth would not fit)
     budget = {n: {labels["topic"]: v for labels, v in side[n]} for n in
               ("stream_anon_epsilon_budget_total", "stream_anon_epsilon_budget_used",
                "stream_anon_epsilon_budget_remaining")}
     k = f"{prefix}.kmeans"
     assert (budget["stream_anon_epsilon_budget_total"], budget["stream_anon_epsilon_budget_used"][k],
-            budget["stream_anon_epsilon_budget_remaining"][k]) == ({k: 3.0}, pytest.approx(3.0), pytest.approx(0.0))
+            budget["stream_anon_epsilon_budget_remaining"][k]) == ({k: 1.25}, pytest.approx(3 * KMEANS_WINDOW_EPS), pytest.approx(1.25 - 3 * KMEANS_WINDOW_EPS))
     # both ports answer /healthz
     assert main_health[0] == 200 and main_health[1].startswith("ok: main loop ticked"), main_health
     assert side_health[0] == 200 and side_health[1].startswith("ok: side paths running"), side_health

@@ -25,13 +25,15 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from deploy_support import RULES_YML, require_tool
-from test_service_lifecycle import adult_records, alive, cmdline, descendants, wait_for
+from test_service_lifecycle import adult_records, alive, cmdline, descendants
+from waiting import wait_for as wait_until
 
 from stream_anon.kafka_io.broker import free_port
 from stream_anon.replay.kafka_replay import replay_records
@@ -40,6 +42,11 @@ from stream_anon.service.liveness import LAG_INTERVAL_SECONDS
 STALL_SECONDS = 3.0  # service.healthz_stall_seconds in the test
 RULE_SECONDS = 8  # the StreamAnonStalled rule of rules.yml with its 300 s and `for: 1m` scaled down to 8 s and 2 s
 
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, log: Path) -> None:
+    """Wait for ``predicate`` (tests/waiting.py), with the end of the service's log in the failure."""
+    wait_until(predicate, timeout, what, context=lambda: log.read_text(errors="replace"), retry_on=(OSError,))
 
 def stalled_rule_only(path: Path) -> None:
     """rules.yml's StreamAnonStalled alone, its thresholds scaled down (expression otherwise unchanged)."""
