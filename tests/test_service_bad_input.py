@@ -109,7 +109,7 @@ def test_bad_messages_go_to_dlq_and_accounting_closes(broker, adult_path: Path,
     assert any(d["value_length"] == len(big) for d in snap.dead_letters)
     # stream-anon audit: the same from the command line; a message nobody promised makes it fail
     args = ["audit", "--bootstrap-servers", bs, "--input-topic", t.input, "--set", f"topics.anon={t.anon}",
-            "--set", f"topics.suppressed={t.suppressed}", "--set", f"topics.dlq={t.dlq}", "--no-side-paths"]
+            "--set", f"topics.suppressed={t.suppressed}", "--set", f"topics.dlq={t.dlq}"]
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "OK: every input offset accounted exactly once" in out and "dead_lettered" in out
