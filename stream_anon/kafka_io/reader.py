@@ -138,6 +138,20 @@ class PartitionReader:
             lo = hi
         return out, end
 
+    def read_forward_records(self, topic: str, partition: int, start: int | None,
+                             chunk: int) -> tuple[list[RawRecord], int]:
+        """(offset, key, value) of every record of the partition from ``start`` (None: its beginning) to its end,
+        and the end offset (the side paths' outbox recovery: which of a write-ahead's messages landed where)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
+        lo = begin if start is None else max(begin, start)
+        out: list[RawRecord] = []
+        while lo < end:
+            hi = min(end, lo + chunk)
+            out.extend((r.offset, r.key, r.value) for r in self._read(tp, lo, hi, chunk))
+            lo = hi
+        return out, end
+
     def first_readable(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> bool:
         """Whether the record at ``offset`` can be read (False: the client raises CorruptRecordError there).
         Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on)."""

@@ -102,9 +102,14 @@ from stream_anon.side.decoding import SideDecoder
 from stream_anon.side.encoding import CopyBatch, encode_json, json_safe
 from stream_anon.side.metrics import SideMetrics
 from stream_anon.side.mixing import CopyMixer, MixedWindow
+from stream_anon.side.outbox import CopyGroup, RecoveryReport, SideOutbox
+from stream_anon.side.outbox_store import OutboxTopic
 from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideEvent, SidePathProcessor
 
 log = logging.getLogger(__name__)
+
+READ_MARK_SECONDS = 10.0
+"""The outbox read mark is committed at most this often (and after the start's recovery)."""
 
 
 @dataclass
@@ -125,6 +130,9 @@ class SideStatus:
     kmeans_windows: int = 0
     kmeans_refused: int = 0
     mixing_windows: int = 0  # windows of copies released
+    outbox_entries: int = 0  # write-ahead entries written (one per send of a window or a batch's outputs)
+    outbox_wait_seconds: float = 0.0  # time spent writing them ahead (the latency the write-ahead adds)
+    outbox_recovered: int = 0  # messages the start's recovery sent again (left by the last run)
     budget_generation: int = 0  # the budget's generation (docs/side-paths.md, "Budgets")
     kmeans_stopped: bool = False
     positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (committed)
@@ -159,7 +167,9 @@ class SideStatus:
                 "epsilon_kmeans_window": self.epsilon_kmeans_window,
                 "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
                 "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
-                "mixing_windows": self.mixing_windows, "budget_generation": self.budget_generation,
+                "mixing_windows": self.mixing_windows, "outbox_entries": self.outbox_entries,
+                "outbox_wait_seconds": round(self.outbox_wait_seconds, 3), "outbox_recovered": self.outbox_recovered,
+                "budget_generation": self.budget_generation,
                 "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
                 "control": self.control}
 
@@ -221,6 +231,11 @@ class SidePathApp:
         self._anchored: BudgetAnchor | None = None  # the anchor as last committed
         self._poller: Poller | None = None
         self._bound = FALLBACK_MESSAGE_MAX_BYTES  # the output bound, read from the broker at start
+        # the write-ahead of every message to a public side topic (a record's copies on every topic or none)
+        self.outbox_topic = OutboxTopic(cfg, self.input_topic)
+        self.outbox = SideOutbox(self.outbox_topic.topic, self.input_topic, bound=self._bound)
+        self._read_mark: int | None = None  # the outbox read mark as last committed
+        self._next_mark_write = 0.0
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -232,7 +247,6 @@ class SidePathApp:
         self._per_record_topics = frozenset(self.processor.epsilon_per_record)
         self._kinds = {t.krr: "krr", t.rs: "rs", t.blap: "blap", t.estimates: "estimates", t.kmeans: "kmeans"}
         self._headers = {topic: ((H_KIND, kind.encode()),) for topic, kind in self._kinds.items()}
-        self._copy_headers = {topic: [(H_KIND, kind.encode())] for topic, kind in self._kinds.items()}
 
     def output_topics(self) -> list[str]:
         """The side topics of the paths that run (only those are created): the per-record topics with an
@@ -274,8 +288,12 @@ class SidePathApp:
         wanted = [*self.output_topics(), *([t.dlq] if self.side.dead_letter else [])]  # only the paths that run
 
         anchor: list[BudgetAnchor | None] = [None]
+        mark: list[int | None] = [None]
 
         def ensure_budget_topic(admin: KafkaAdminClient) -> None:
+            retry("create the outbox topic", lambda: self.outbox_topic.ensure(admin), cfg.kafka, stop=stop)
+            mark[0] = retry("read the outbox read mark", lambda: self.outbox_topic.read_mark(admin), cfg.kafka,
+                            stop=stop)
             if topic is not None:
                 retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
                 anchor[0] = retry("read the budget anchor", lambda: read_anchor(admin, self.input_topic), cfg.kafka,
@@ -284,6 +302,7 @@ class SidePathApp:
             self._bound = retry("message size limits", lambda: read_output_bound(
                 admin, wanted, max_request_size=cfg.kafka.max_request_size,
                 configured=cfg.service.max_output_bytes), cfg.kafka, stop=stop).bytes
+            self.outbox.bound = self._bound
 
         try:
             counts = prepare_topics(cfg.kafka, wanted, cfg.topics.layout(), what="create side topics",
@@ -305,10 +324,63 @@ class SidePathApp:
                 return rc
             self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
             self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
+        if self._admin is None:  # for the outbox read mark
+            self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)
+        self._recover_outbox(mark[0], counts)
         self._poller = retry("consumer", lambda: open_poller(cfg.kafka, self.input_topic, group_id=self.group_id,
                                                              reader=lambda: PartitionReader(cfg.kafka)),
                              cfg.kafka, stop=stop)
         return 0
+
+    def _recover_outbox(self, mark: int | None, counts: dict[str, int]) -> RecoveryReport:
+        """Complete the write-ahead entries the last run left (:meth:`SideOutbox.recover
+        <stream_anon.side.outbox.SideOutbox.recover>`), read the end of every side partition (the outbox's ends) and
+        move the read mark past what was read.  Before anything is consumed."""
+        cfg, producer = self.cfg, self._producer
+        assert producer is not None
+        stop = self.stop_event.is_set
+        reader = PartitionReader(cfg.kafka, stop=stop)
+        outbox_end: list[int] = [0]
+
+        def attempt() -> RecoveryReport:
+            producer.flush()  # a failed attempt's re-sends are stored before the side partitions are read again
+            records, outbox_end[0] = self.outbox_topic.load(reader, mark)
+            return self.outbox.recover(records, reader, producer)
+
+        try:
+            rep = retry("recover the side outbox", attempt, cfg.kafka, stop=stop)
+            def side_ends() -> dict[tuple[str, int], int]:
+                return {(t, p): reader.bounds(t, p)[1] for t in self.output_topics() for p in range(counts.get(t, 1))}
+
+            self.outbox.ends.update(retry("read the side partitions' ends", side_ends, cfg.kafka, stop=stop))
+        finally:
+            reader.close()
+        self.status.outbox_recovered = rep.resent
+        if rep.entries or rep.dropped:
+            log.warning("side paths: outbox %s: %s", self.outbox_topic.topic, rep.line())
+        else:
+            log.info("side paths: outbox %s: nothing pending from the last run (read from offset %s to %d, %.2f s)",
+                     self.outbox_topic.topic, mark if mark is not None else "0", outbox_end[0], rep.seconds)
+        self.outbox.acked_end = outbox_end[0]
+        self._write_read_mark(force=True)
+        return rep
+
+    def _write_read_mark(self, *, force: bool = False) -> None:
+        """Commit the outbox's read mark when it moved (at most every ``READ_MARK_SECONDS`` unless ``force``); a
+        refusal is a WARNING (the next start reads a little more)."""
+        m = self.outbox.read_mark
+        if self._admin is None or m is None or m == self._read_mark:
+            return
+        now = time.monotonic()
+        if not force and now < self._next_mark_write:
+            return
+        self._next_mark_write = now + READ_MARK_SECONDS
+        try:
+            self.outbox_topic.write_mark(self._admin, m)
+        except (KafkaError, OSError) as e:
+            log.warning("side paths: the outbox read mark (%d) was not committed (%r); tried again later", m, e)
+            return
+        self._read_mark = m
 
     def run(self) -> int:
         if not self.side.enabled:
@@ -576,20 +648,27 @@ class SidePathApp:
             if self._anchored is None or self._anchored.generation != proc.budgets.generation:
                 self._write_anchor()  # a run's first write: the anchor before anything is published
         events = [*events, *proc.drain_events()]
+        groups = [CopyGroup(c.topic, producer.partition_for(c.topic, w.partition), w.timestamp_ms,
+                            self._headers[c.topic], tuple(c.keys), tuple(c.payloads))
+                  for w in windows for c in w.copies]
+        if outputs:  # estimates and k-means releases: one group per side partition, stamped now
+            per_record = self._per_record_topics
+            now_ms = int(time.time() * 1000)
+            by_partition: dict[tuple[str, int], tuple[list[bytes | None], list[bytes]]] = {}
+            for topic, key, msg in outputs:
+                keys, values = by_partition.setdefault((topic, producer.partition_for(topic, partition)), ([], []))
+                keys.append(None if key is None else key.encode())
+                values.append(encode_json(msg if topic in per_record else json_safe(msg)))
+            groups += [CopyGroup(topic, p, now_ms, self._headers[topic], tuple(keys), tuple(values))
+                       for (topic, p), (keys, values) in by_partition.items()]
+        if groups:  # written ahead to the outbox (acknowledged), then sent (acknowledged at the next flush)
+            self.outbox.publish(producer, groups)
+            self.status.outbox_entries = self.outbox.entries_written
+            self.status.outbox_wait_seconds = self.outbox.write_seconds
         for w in windows:
-            for c in w.copies:
-                producer.send_values(c.topic, w.partition, c.keys, c.payloads, self._copy_headers[c.topic],
-                                     timestamp_ms=w.timestamp_ms)
             self._unacked_copies.extend(w.copies)
             self.status.mixing_windows += 1
-        if outputs:
-            per_record = self._per_record_topics
-            producer.send([OutputMessage(self._kinds.get(topic, "side"), topic, partition,
-                                         None if key is None else key.encode(),
-                                         encode_json(msg if topic in per_record else json_safe(msg)),
-                                         self._headers[topic])
-                           for topic, key, msg in outputs])
-            self._unacked.extend(outputs)
+        self._unacked.extend(outputs)
         for ev in events:
             if ev.kind in ("budget_exhausted", "kmeans_skipped"):
                 # the processor logged the exhaustion at ERROR; later refused windows once per window here
@@ -630,9 +709,11 @@ class SidePathApp:
         self._last_flush = time.monotonic()
         if self._anchored is not None and self._anchored < self.processor.budgets.anchor:
             self._write_anchor()
-        if self._producer is None or not (self._unacked or self._unacked_copies):
+        if self._producer is None or not (self._unacked or self._unacked_copies or self.outbox.unsettled):
             return
         self._producer.flush()
+        self.outbox.settle(self._producer)  # tombstones of the entries now acknowledged (acknowledged later)
+        self._write_read_mark()
         outputs, self._unacked = self._unacked, []
         copies, self._unacked_copies = self._unacked_copies, []
         status = self.status
@@ -654,6 +735,8 @@ class SidePathApp:
                 # every open window (a record has a copy on every side topic or on none), final estimates
                 self._publish(self.processor.flush(partial_kmeans=False), 0, self.mixer.flush())
                 self._flush()
+                self._producer.flush()  # the outbox tombstones
+                self._write_read_mark(force=True)
         except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
             log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
             closing.broker_silent()  # the broker did not answer: do not wait for it again

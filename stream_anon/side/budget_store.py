@@ -69,22 +69,7 @@ class BudgetTopic:
         """Create the topic (1 partition, compacted) when it is missing and ``topics.create`` is on; an existing
         topic must have exactly one partition (:class:`BudgetTopicError` otherwise: the state is read from and
         written to partition 0 only)."""
-        if self.topic in set(admin.list_topics()):
-            for desc in admin.describe_topics([self.topic]):
-                n = len(desc.get("partitions") or ())
-                if n != 1:
-                    raise BudgetTopicError(f"budget topic {self.topic!r} has {n} partitions; the side paths' budget "
-                                           f"state needs a topic of exactly 1 (side_paths.budget_topic)")
-            return
-        if not self.cfg.topics.create:
-            log.warning("side paths: budget topic %s does not exist and topics.create is false", self.topic)
-            return
-        try:
-            admin.create_topics([NewTopic(self.topic, 1, self.cfg.topics.replication_factor,
-                                          topic_configs={"cleanup.policy": "compact"})])
-            log.info("created the side paths' budget topic %s (1 partition, cleanup.policy=compact)", self.topic)
-        except TopicAlreadyExistsError:
-            pass
+        ensure_state_topic(admin, self.cfg, self.topic, "budget", "side_paths.budget_topic")
 
     def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
         """key -> latest value (tombstones drop their key) of the whole partition."""
@@ -131,6 +116,28 @@ class BudgetTopic:
             return
         producer.send([OutputMessage(KIND, self.topic, 0, key.encode(), value) for key, value in records.items()])
         producer.flush()
+
+
+def ensure_state_topic(admin: KafkaAdminClient, cfg: Config, topic: str, what: str, option: str) -> None:
+    """Create the internal state topic ``topic`` of the side paths (1 partition, ``cleanup.policy=compact``) when it
+    is missing and ``topics.create`` is on; an existing one must have exactly one partition (:class:`BudgetTopicError`
+    naming ``what`` and ``option`` otherwise)."""
+    if topic in set(admin.list_topics()):
+        for desc in admin.describe_topics([topic]):
+            n = len(desc.get("partitions") or ())
+            if n != 1:
+                raise BudgetTopicError(f"{what} topic {topic!r} has {n} partitions; the side paths' {what} state "
+                                       f"needs a topic of exactly 1 ({option})")
+        return
+    if not cfg.topics.create:
+        log.warning("side paths: %s topic %s does not exist and topics.create is false", what, topic)
+        return
+    try:
+        admin.create_topics([NewTopic(topic, 1, cfg.topics.replication_factor,
+                                      topic_configs={"cleanup.policy": "compact"})])
+        log.info("created the side paths' %s topic %s (1 partition, cleanup.policy=compact)", what, topic)
+    except TopicAlreadyExistsError:
+        pass
 
 
 def read_anchor(admin: KafkaAdminClient, input_topic: str) -> BudgetAnchor | None:
