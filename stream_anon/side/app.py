@@ -413,18 +413,20 @@ class SidePathApp:
                  "person" if self.schema.person_id else "record id", m.records, m.seconds)
         self.status.ready.set()
         rc = 0
+        silent = False
         try:
             self._loop()
         except BrokerUnavailableError as e:
             log.error("side paths stopped: %s", e)
             self.status.error = str(e)
             rc = 3
+            silent = True
         except Exception as e:  # a thread's top: never die silently; log, record, and let the main path continue
             log.exception("side paths failed: %r", e)
             self.status.error = repr(e)
             rc = 1
         finally:
-            self._shutdown()
+            self._shutdown(broker_silent=silent)
         return rc
 
     def restore_budgets(self, store: BudgetStore, load: Callable[[], dict[str, bytes]] | None = None, *,
@@ -728,10 +730,17 @@ class SidePathApp:
         if acc is not None:
             status.kmeans_budget = {"total": acc.total_epsilon, "used": acc.spent, "remaining": acc.remaining}
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, broker_silent: bool = False) -> None:
+        """Release every open window and the final estimates, then close; ``broker_silent`` (the loop ended because
+        the broker did not acknowledge within the stop grace): nothing more is sent (it could not be acknowledged;
+        the open windows' copies are lost on every topic alike, their records were committed before they were
+        perturbed) and no client waits for the broker again."""
         closing = Closing()
+        if broker_silent:
+            closing.broker_silent()
         try:
-            if self._producer is not None and self._poller is not None and self.status.ready.is_set():
+            if self._producer is not None and self._poller is not None and self.status.ready.is_set() \
+                    and not broker_silent:
                 # every open window (a record has a copy on every side topic or on none), final estimates
                 self._publish(self.processor.flush(partial_kmeans=False), 0, self.mixer.flush())
                 self._flush()
