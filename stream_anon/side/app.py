@@ -322,15 +322,22 @@ class SidePathApp:
                                             cfg.kafka, stop=stop))
             if rc:
                 return rc
-            self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
+            self._admin = self._connect_admin()  # for the anchor
             self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
         if self._admin is None:  # for the outbox read mark
-            self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)
+            self._admin = self._connect_admin()
         self._recover_outbox(mark[0], counts)
         self._poller = retry("consumer", lambda: open_poller(cfg.kafka, self.input_topic, group_id=self.group_id,
                                                              reader=lambda: PartitionReader(cfg.kafka)),
                              cfg.kafka, stop=stop)
         return 0
+
+    def _connect_admin(self) -> KafkaAdminClient:
+        """The admin client of the anchor and the outbox read mark: its requests wait at most
+        ``LOOP_REQUEST_TIMEOUT_MS`` (a stalled broker must not hold the loop, nor its stop, longer than that)."""
+        k = self.cfg.kafka
+        bounded = dataclasses.replace(k, request_timeout_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
+        return connect_admin(bounded, on_retry=self.metrics.reconnect, stop=self.stop_event.is_set)
 
     def _recover_outbox(self, mark: int | None, counts: dict[str, int]) -> RecoveryReport:
         """Complete the write-ahead entries the last run left (:meth:`SideOutbox.recover
@@ -485,6 +492,8 @@ class SidePathApp:
                 self._flush()
                 continue
             for partition, recs in batch.items():
+                if self.stop_event.is_set():  # the rest of the batch is not committed: consumed again next time
+                    break
                 if recs:
                     self._process(partition, recs)
             self._publish([], 0, self.mixer.due())  # windows that aged while the batch was processed
@@ -567,6 +576,8 @@ class SidePathApp:
             log.warning("side paths: commit of %s@%d failed (%r); the batch of %d messages is not perturbed now and "
                         "will be consumed again (no record is randomized twice)", where, next_offset,
                         e.__cause__ or e, len(recs))
+            if self.stop_event.is_set():  # stopping: the batch stays uncommitted for the next start; no seek
+                return False  # (a seek right after a commit the broker did not answer can hold for seconds)
             try:
                 poller.seek(partition, int(recs[0].offset))
             except ValueError as e2:  # partition revoked: its new owner starts from the committed offset
@@ -709,13 +720,15 @@ class SidePathApp:
         """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status); move the
         budget's anchor to its latest write."""
         self._last_flush = time.monotonic()
-        if self._anchored is not None and self._anchored < self.processor.budgets.anchor:
+        stopping = self.stop_event.is_set()  # no admin request on the way out: the anchor and the read mark may lag
+        if self._anchored is not None and self._anchored < self.processor.budgets.anchor and not stopping:
             self._write_anchor()
         if self._producer is None or not (self._unacked or self._unacked_copies or self.outbox.unsettled):
             return
         self._producer.flush()
         self.outbox.settle(self._producer)  # tombstones of the entries now acknowledged (acknowledged later)
-        self._write_read_mark()
+        if not stopping:
+            self._write_read_mark()
         outputs, self._unacked = self._unacked, []
         copies, self._unacked_copies = self._unacked_copies, []
         status = self.status
@@ -745,7 +758,6 @@ class SidePathApp:
                 self._publish(self.processor.flush(partial_kmeans=False), 0, self.mixer.flush())
                 self._flush()
                 self._producer.flush()  # the outbox tombstones
-                self._write_read_mark(force=True)
         except (BrokerUnavailableError, ProducerFatalError, MessageRejectedError, KafkaError) as e:
             log.warning("side paths: final estimates not published: %r", e)  # recomputed next time
             closing.broker_silent()  # the broker did not answer: do not wait for it again
