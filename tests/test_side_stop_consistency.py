@@ -62,22 +62,51 @@ def consistency(keys: dict[str, list[bytes]]) -> dict[str, Any]:
             "records": len(union)}
 
 
+def restart_and_drain(cmd: list[str], bs: str, prefix: str, ends: dict[int, int],
+                      tmp_path: Path) -> tuple[dict[str, Any], str | None]:
+    """Start the service again, wait until the side group consumed every record, stop it cleanly (every open
+    window is released); the side topics' consistency and the recovery's line."""
+    with ServiceProcess(cmd, tmp_path / "run2.log") as svc2:
+        wait_for("side paths ready again", lambda: "side paths: consuming" in svc2.text(), svc2, 180)
+        wait_for("the side paths consumed every record",
+                 lambda: committed(bs, f"{prefix}-main-ldp", f"{prefix}.raw", len(ends)) == ends, svc2, 300,
+                 interval_s=1.0)
+        rc2, _ = svc2.stop()  # a clean stop releases every open window
+    text2 = svc2.text()
+    assert rc2 == 0, text2[-4000:]
+    assert "Traceback" not in text2, text2[-4000:]
+    recovered = re.search(r"(\d+) write-ahead entries pending from the last run: (\d+) messages, (\d+) found on "
+                          r"their side topics, (\d+) sent again", text2)
+    after = consistency(side_keys(bs, prefix))
+    line = recovered.group(0) if recovered else None
+    print(f"after the restart: {after}; recovery: {line or 'nothing pending'}")
+    return after, line
+
+
+def adult_rows(adult_path: Path) -> list[dict[str, Any]]:
+    adult = read_adult(adult_path).head(30000)
+    return [dict(zip(adult.columns, (v.item() if hasattr(v, "item") else v for v in row), strict=True))
+            for row in adult.itertuples(index=False, name=None)]
+
+
+def side_cmd(bs: str, prefix: str) -> list[str]:
+    sides = [x for t in SIDE for x in ("--set", f"topics.{t}={prefix}.{t}")]
+    return service_cmd(bs, prefix, "--set", f"topics.estimates={prefix}.estimates",
+                       "--set", f"topics.kmeans={prefix}.kmeans", *sides, "--set", "side_paths.pseudonyms=true",
+                       "--set", "service.side_paths_mode=process", "--set", "kafka.max_poll_records=500",
+                       "--set", f"release.secret={SECRET}", side_paths=True)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_stop_during_a_stall_leaves_the_side_topics_consistent(own_broker: Broker, adult_path: Path,
                                                                tmp_path: Path) -> None:
-    adult = read_adult(adult_path).head(30000)
-    rows: list[dict[str, Any]] = [dict(zip(adult.columns, (v.item() if hasattr(v, "item") else v for v in row),
-                                           strict=True)) for row in adult.itertuples(index=False, name=None)]
+    rows = adult_rows(adult_path)
     prefix = f"ssc{uuid.uuid4().hex[:6]}"
     bs = own_broker.bootstrap_servers
     port = int(bs.split(",")[0].rsplit(":", 1)[1])
-    sides = [x for t in SIDE for x in ("--set", f"topics.{t}={prefix}.{t}")]
-    cmd = service_cmd(bs, prefix, "--set", f"topics.estimates={prefix}.estimates",
-                      "--set", f"topics.kmeans={prefix}.kmeans", *sides, "--set", "side_paths.pseudonyms=true",
-                      "--set", "service.side_paths_mode=process", "--set", "kafka.max_poll_records=500",
-                      "--set", f"release.secret={SECRET}", side_paths=True)
+    cmd = side_cmd(bs, prefix)
     with ServiceProcess(cmd, tmp_path / "run.log") as svc:
         wait_for("side paths ready", lambda: "side paths: consuming" in svc.text(), svc, 180)
         stats = replay_records(rows, f"{prefix}.raw", bs, partitions=2)
@@ -99,23 +128,39 @@ def test_a_stop_during_a_stall_leaves_the_side_topics_consistent(own_broker: Bro
     left = consistency(side_keys(bs, prefix))
     print(f"\nSIGTERM during a stall ({own_broker.name}): {seconds:.1f} s, exit {rc}; left by the stop: {left}")
 
-    ends = {p: n for p, n in stats.partition_counts.items()}
-    side_group = f"{prefix}-main-ldp"
-    with ServiceProcess(cmd, tmp_path / "run2.log") as svc2:
-        wait_for("side paths ready again", lambda: "side paths: consuming" in svc2.text(), svc2, 180)
-        wait_for("the side paths consumed every record",
-                 lambda: committed(bs, side_group, f"{prefix}.raw", len(ends)) == ends, svc2, 300, interval_s=1.0)
-        rc2, stop2 = svc2.stop()  # a clean stop releases every open window
-    text2 = svc2.text()
-    assert rc2 == 0, text2[-4000:]
-    assert "Traceback" not in text2, text2[-4000:]
-    recovered = re.search(r"(\d+) write-ahead entries pending from the last run: (\d+) messages, (\d+) found on "
-                          r"their side topics, (\d+) sent again", text2)
-    after = consistency(side_keys(bs, prefix))
-    print(f"after the restart: {after}; recovery: {recovered.group(0) if recovered else 'nothing pending'}")
+    after, recovered = restart_and_drain(cmd, bs, prefix, stats.partition_counts, tmp_path)
     record_figures("SIGTERM during a broker stall, side paths on, then a restart", own_broker.name,
                    records_in=len(rows), stop_s=round(seconds, 1), exit=rc, left_by_the_stop=left,
-                   after_restart=after, recovery=recovered.group(0) if recovered else None)
+                   after_restart=after, recovery=recovered)
     assert after["duplicated"] == {t: 0 for t in SIDE}, after  # no copy twice
     assert after["missing_on_a_topic"] == {t: 0 for t in SIDE}, after  # every record on all three or none
     assert after["records"] > left["records"]  # the restart went on with the records after the stop
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_kill_9_while_copies_flow_leaves_the_side_topics_consistent_after_a_restart(
+        own_broker: Broker, adult_path: Path, tmp_path: Path) -> None:
+    """``kill -9`` of the service (its side-path process dies with it) while windows of copies are being sent;
+    the restart completes what the outbox holds: every record on all three side topics or none, none twice."""
+    rows = adult_rows(adult_path)
+    prefix = f"ssk{uuid.uuid4().hex[:6]}"
+    bs = own_broker.bootstrap_servers
+    cmd = side_cmd(bs, prefix)
+    with ServiceProcess(cmd, tmp_path / "run.log") as svc:
+        wait_for("side paths ready", lambda: "side paths: consuming" in svc.text(), svc, 180)
+        stats = replay_records(rows, f"{prefix}.raw", bs, partitions=2)
+        wait_for("side copies flowing", lambda: len(read_topic(bs, f"{prefix}.krr", idle_s=0.2)) > 3000, svc, 180)
+        svc.kill()
+    port = int(bs.split(",")[0].rsplit(":", 1)[1])
+    wait_for("the broker read what the killed process left in its sockets", lambda: broker_sockets_idle(port),
+             None, 60)
+    left = consistency(side_keys(bs, prefix))
+    print(f"\nkill -9 with the side paths on ({own_broker.name}): left by the kill: {left}")
+    after, recovered = restart_and_drain(cmd, bs, prefix, stats.partition_counts, tmp_path)
+    record_figures("kill -9 while side copies flow, then a restart", own_broker.name, records_in=len(rows),
+                   left_by_the_kill=left, after_restart=after, recovery=recovered)
+    assert after["duplicated"] == {t: 0 for t in SIDE}, after
+    assert after["missing_on_a_topic"] == {t: 0 for t in SIDE}, after
+    assert after["records"] > left["records"]
