@@ -9,7 +9,8 @@
 #     to ledger and output partition p, so after a crash or a rebalance the new owner of p reads back only the
 #     tail of ledger partition p (and of output partition p from the last checkpoint) (docs/service.md);
 #   * the periodic estimate and k-means topics have one partition: a single ordered series of windows;
-#   * the side paths' budget topic (<input>.side-budget, compacted) has one partition (docs/side-paths.md).
+#   * the side paths' budget topic (<input>.side-budget) and write-ahead topic (<input>.side-outbox), both compacted,
+#     have one partition each (docs/side-paths.md).
 set -euo pipefail
 
 BOOTSTRAP="${BOOTSTRAP_SERVERS:-kafka:9092}"
@@ -40,6 +41,8 @@ create "$INPUT_TOPIC.ledger" "$PARTITIONS" --config cleanup.policy=compact \
        --config "min.compaction.lag.ms=${LEDGER_MIN_COMPACTION_LAG_MS:-604800000}"
 # the side paths' cumulative budgets (kmeans.total_epsilon, the per-person cap): one partition, compacted, internal
 create "$INPUT_TOPIC.side-budget" 1 --config cleanup.policy=compact
+# the side paths' write-ahead of their copies (a record on every side topic or none): one partition, compacted, internal
+create "$INPUT_TOPIC.side-outbox" 1 --config cleanup.policy=compact
 for suffix in anon suppressed dlq krr rs blap; do
   create "$PREFIX.$suffix" "$PARTITIONS"
 done
