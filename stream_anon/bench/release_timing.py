@@ -34,7 +34,7 @@ from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
-from stream_anon.service.linkage import (
+from stream_anon.service.release_timing import (
     ReleaseTiming,
     ReleaseTimingReport,
     TopicMessage,
