@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     adult = read_adult(resolve_adult_path(args.adult))
     if args.records is not None:
         adult = adult.head(args.records)
-    records = [dict(r, id=adult_record_id(i)) for i, r in enumerate(adult.to_dict("records"))]
+    records = [{str(k): v for k, v in r.items()} | {"id": adult_record_id(i)}
+               for i, r in enumerate(adult.to_dict("records"))]
     options = {k.strip(): v for k, _, v in (s.partition("=") for s in args.set)}
     broker = None
     bs = args.bootstrap_servers
