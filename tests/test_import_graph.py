@@ -309,3 +309,15 @@ def test_the_configuration_loads_no_kafka_client() -> None:
         seen.add(m)
         todo.extend(graph.get(m, {}))
     assert {m for m in seen if package_of(m) == "kafka_io"} <= {"stream_anon.kafka_io", "stream_anon.kafka_io.settings"}
+
+
+MAX_MODULE_LINES = 700
+"""Issue 16: no module of the package over this many lines (split it along what it does)."""
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    package = Path(__file__).resolve().parent.parent / "stream_anon"
+    sizes = {str(p.relative_to(package.parent)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in package.rglob("*.py")}
+    assert len(sizes) > 50  # it read the real tree
+    assert {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES} == {}

@@ -42,10 +42,10 @@ from stream_anon.service.ledger import (
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
-    PartitionOutbox,
     decode_ledger_value,
     ledger_topic,
 )
+from stream_anon.service.ledger_state import PartitionOutbox
 from stream_anon.service.outbox import LedgerOutbox, Topics
 from stream_anon.service.partitions import HeldClasses, PartitionTable
 from stream_anon.service.recovery import LedgerScan, OutputPresence, PartitionRecovery, outputs_to_resend

@@ -17,13 +17,13 @@ from stream_anon.formats.release import ClassEncoder, decode_dead_letter, decode
 from stream_anon.kafka_io.limits import FALLBACK_MESSAGE_MAX_BYTES, output_bound
 from stream_anon.service.accounting import LedgerAccounting
 from stream_anon.service.ledger import (
-    ChunkAssembler,
     EntryChunk,
     EntryFactory,
     LedgerEntry,
     LedgerRecord,
     decode_ledger_value,
 )
+from stream_anon.service.ledger_state import ChunkAssembler
 from stream_anon.service.recovery import LedgerScan
 
 TOPIC = "adult.raw"

@@ -66,15 +66,17 @@ from stream_anon.service.linkage import (
     PositionLinkage,
     ScannedMessage,
     TokenSearch,
-    TopicMessage,
     forbidden_fields,
     join_candidates,
     offset_linkage,
     offset_windows,
+    value_linkage,
+)
+from stream_anon.service.release_timing import (
+    TopicMessage,
     release_timing_attack,
     release_timing_inputs,
     released_records,
-    value_linkage,
 )
 from stream_anon.side.app import side_group_id
 

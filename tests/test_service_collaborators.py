@@ -16,7 +16,7 @@ from kafka.structs import OffsetAndMetadata
 from stream_anon.kafka_io.errors import CommitFailedError, ConsumerFailedError
 from stream_anon.kafka_io.poller import FailingPolls, GroupPoller
 from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX, ProducerFailurePolicy
-from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
+from stream_anon.service.ledger_state import PartitionOutbox, RecoveryPlan
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
 
 TOPIC = "in.raw"

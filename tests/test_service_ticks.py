@@ -37,16 +37,11 @@ from stream_anon.kafka_io.settings import PRODUCER_CLIENTS
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.privacy.base import seeded_crypto_rng
 from stream_anon.service.app import MainPath
-from stream_anon.service.ledger import (
-    KIND_CLASS,
-    LedgerEntry,
-    LedgerFormatError,
-    PartitionOutbox,
-    decode_ledger_value,
-)
-from stream_anon.service.linkage import PartitionArrivals, ReleasedClass, release_timing_attack
+from stream_anon.service.ledger import KIND_CLASS, LedgerEntry, LedgerFormatError, decode_ledger_value
+from stream_anon.service.ledger_state import PartitionOutbox
 from stream_anon.service.outbox import Topics
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
+from stream_anon.service.release_timing import PartitionArrivals, ReleasedClass, release_timing_attack
 from stream_anon.service.ticks import ReleaseTicks
 
 TOPIC = "adult.raw"

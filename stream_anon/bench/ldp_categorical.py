@@ -91,7 +91,7 @@ def bench_speed(n: int, seed: int) -> list[dict[str, Any]]:
             wall, cpu = _rates(fn, n)
             rows.append({"what": what, "generator": gen, "values_per_s": wall, "values_per_cpu_s": cpu})
         for variant in ("independent", "no-repeat"):
-            m = LExtendedSubstitution(categories=list(range(8)), gamma=math.e, l=4, variant=variant,  # type: ignore[arg-type]
+            m = LExtendedSubstitution(categories=list(range(8)), gamma=math.e, l=4, variant=variant,
                                       rng=_generator(gen, seed))
             wall, cpu = _rates(partial(m.randomise_codes, c8), n)
             rows.append({"what": f"l-extended {variant} randomise_codes (N=8, gamma=e, l=4), outputs/s",
@@ -150,8 +150,8 @@ def bench_equal_epsilon(reps: int, seed: int, n: int = 5000, n_values: int = 8,
                      "max_abs_mean_bias": float(np.max(np.abs(est.mean(axis=0) - truth))), "draws_per_record": 1.0})
         for variant in ("independent", "no-repeat"):
             for n_reports in (2, 4):
-                g = gamma_for_epsilon(n_values, eps, n_reports, variant)  # type: ignore[arg-type]
-                m = LExtendedSubstitution(categories=cats, gamma=g, l=n_reports, variant=variant, rng=rng)  # type: ignore[arg-type]
+                g = gamma_for_epsilon(n_values, eps, n_reports, variant)
+                m = LExtendedSubstitution(categories=cats, gamma=g, l=n_reports, variant=variant, rng=rng)
                 ub = np.empty((reps, n_values))
                 pp = np.empty((reps, n_values))
                 draws = 0
@@ -189,7 +189,7 @@ def bench_paper_table(reps: int, seed: int, configs: Sequence[tuple[int, float]]
                     row: dict[str, Any] = {"N": big_n, "gamma": gamma, "n": n, "data": data, "l": n_reports,
                                            "bound_l1": frapp_standard_error_bound(big_n, gamma, n)}
                     for variant in ("independent", "no-repeat"):
-                        m = LExtendedSubstitution(categories=cats, gamma=gamma, l=n_reports, variant=variant, rng=rng)  # type: ignore[arg-type]
+                        m = LExtendedSubstitution(categories=cats, gamma=gamma, l=n_reports, variant=variant, rng=rng)
                         sq_ub = 0.0
                         sq_pp = 0.0
                         draws = 0

@@ -267,7 +267,7 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     edu = df["education"].to_numpy(dtype=object)
     for mech in ("blap", "krr"):
         c = select_epsilon_categorical(edu, categories=order, target=0.5, mechanism=mech, grid=grid, runs=runs,
-                                       rng=seed)  # type: ignore[arg-type]
+                                       rng=seed)
         print(f"### education (16 ordered categories), {mech}: smallest eps with misclassification <= 0.5 -> "
               f"{c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")
@@ -283,7 +283,7 @@ def _selection(df: Any, quick: bool, seed: int) -> None:
     for score in ("accuracy", "balanced_accuracy"):
         c = select_epsilon_classifier(X, y, lower=[17, 1, 1], upper=[90, 16, 99], target=0.75 if score == "accuracy"
                                       else 0.9, score=score, grid=cgrid, runs=runs, integer=True,
-                                      rng=seed)  # type: ignore[arg-type]
+                                      rng=seed)
         print(f"### income ~ {', '.join(cols)} (logistic regression; eps per record split over 3 columns): "
               f"relative {score} -> {c.selected_epsilon}\n")
         print("```\n" + c.format_table() + "\n```\n")

@@ -34,7 +34,7 @@ from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
-from stream_anon.service.linkage import (
+from stream_anon.service.release_timing import (
     ReleaseTiming,
     ReleaseTimingReport,
     TopicMessage,
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     adult = read_adult(resolve_adult_path(args.adult))
     if args.records is not None:
         adult = adult.head(args.records)
-    records = [dict(r, id=adult_record_id(i)) for i, r in enumerate(adult.to_dict("records"))]
+    records = [{str(k): v for k, v in r.items()} | {"id": adult_record_id(i)}
+               for i, r in enumerate(adult.to_dict("records"))]
     options = {k.strip(): v for k, _, v in (s.partition("=") for s in args.set)}
     broker = None
     bs = args.bootstrap_servers

@@ -128,10 +128,10 @@ def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int
                 positions[tp] = recs[-1].offset + 1
             if time.monotonic() - last_commit >= commit_interval_s:
                 producer.flush()
-                consumer.commit({tp: OffsetAndMetadata(o, None, -1) for tp, o in positions.items()})
+                consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in positions.items()})
                 last_commit = time.monotonic()
         producer.flush()
-        consumer.commit({tp: OffsetAndMetadata(o, None, -1) for tp, o in positions.items()})
+        consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in positions.items()})
         seconds = time.perf_counter() - (t0 or time.perf_counter())
     finally:
         consumer.close()

@@ -116,7 +116,7 @@ class TopicSettings:
     @property
     def derived(self) -> frozenset[str]:
         """The options whose names were derived from the input (not given)."""
-        return self._derived  # type: ignore[attr-defined,no-any-return]
+        return self._derived  # type: ignore[attr-defined]
 
     def outputs(self) -> dict[str, str]:
         return {"anon": self.anon, "suppressed": self.suppressed, "dlq": self.dlq}

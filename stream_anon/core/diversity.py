@@ -87,7 +87,8 @@ def entropy(counts: np.ndarray) -> np.ndarray:
     rlogr = (c * np.log(c, out=np.zeros_like(c), where=c > 0)).sum(axis=-1)
     pos = n > 0
     h = np.log(n, out=np.zeros_like(n), where=pos) - np.divide(rlogr, n, out=np.zeros_like(n), where=pos)
-    return np.maximum(h, 0.0)
+    nats: np.ndarray = np.maximum(h, 0.0)
+    return nats
 
 
 def emd(counts: np.ndarray, reference: np.ndarray, distance: str) -> np.ndarray:
@@ -243,7 +244,7 @@ class DiversityRequirement:
         reference counts over the same columns (one row, or one per class row), required with ``t``.  With the
         ordered distance the columns must be in ascending value order.  An empty class never satisfies."""
         c = np.asarray(counts, dtype=np.float64)
-        ok = c.sum(axis=-1) > 0
+        ok: np.ndarray = c.sum(axis=-1) > 0
         if self.l_active:
             ok &= self.l_check(c)
         if self.t is not None:
@@ -258,15 +259,18 @@ class DiversityRequirement:
         if not self.l_active:
             return np.ones(c.shape[:-1], dtype=bool)
         assert self.l is not None
+        verdicts: np.ndarray
         if self.model == "distinct":
-            return np.count_nonzero(c, axis=-1) >= self.l
+            verdicts = np.count_nonzero(c, axis=-1) >= self.l
+            return verdicts
         if self.model == "entropy":
             return entropy(c) >= math.log(self.l) - TOLERANCE
         li = int(self.l)
         if c.shape[-1] < li:
             return np.zeros(c.shape[:-1], dtype=bool)
         s = -np.sort(-c, axis=-1)
-        return s[..., 0] < self.c * s[..., li - 1:].sum(axis=-1)  # type: ignore[operator]
+        verdicts = s[..., 0] < self.c * s[..., li - 1:].sum(axis=-1)
+        return verdicts
 
     def check_row(self, counts: Sequence[float], reference: Sequence[float] | None = None) -> bool:
         """:meth:`check` for one class, in plain Python (no numpy call overhead: the engine's per-cluster test;

@@ -207,7 +207,8 @@ class Hierarchy:
         return int(self.node_leaf_hi[node] - self.node_leaf_lo[node] + 1)
 
     def node_leaf_counts(self) -> np.ndarray:
-        return (self.node_leaf_hi - self.node_leaf_lo + 1).astype(np.int64)
+        counts: np.ndarray = (self.node_leaf_hi - self.node_leaf_lo + 1).astype(np.int64)
+        return counts
 
     def covers(self, node: int, leaf: int) -> bool:
         return bool(self.node_leaf_lo[node] <= leaf <= self.node_leaf_hi[node])

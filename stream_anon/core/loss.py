@@ -254,12 +254,14 @@ def cail_node_losses(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray
 def gt_loss_table(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
     """``(M, M)``: the LM / Goldberger–Tassa l_a of the LCA of leaves (i, j), i.e. of the closure of any set of
     leaves with min i and max j: (leaves(LCA(i, j)) - 1) / (M - 1)."""
-    return lm_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+    table: np.ndarray = lm_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+    return table
 
 
 def cail_table(hierarchy: Hierarchy, *, exact: bool = False) -> np.ndarray:
     """``(M, M)``: the CAIL term of LCA(i, j): leaves(LCA)/M when the LCA is an inner node, 0 when it is a leaf."""
-    return cail_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+    table: np.ndarray = cail_node_losses(hierarchy, exact=exact)[hierarchy.lca]
+    return table
 
 
 # ============================================================================ per-attribute losses (exact)
@@ -269,7 +271,8 @@ def numeric_attribute_loss(vmin: float | Fraction, vmax: float | Fraction, domai
     inverse_width = numeric_inverse_width(domain_lo, domain_hi, exact=True)
     if vmax < vmin:
         raise ValueError(f"numeric generalization: min {vmin!r} exceeds max {vmax!r}")
-    return numeric_range_loss(Fraction(vmin), Fraction(vmax), inverse_width)
+    loss: Fraction = numeric_range_loss(Fraction(vmin), Fraction(vmax), inverse_width)
+    return loss
 
 
 def _lca(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> int:
@@ -280,19 +283,21 @@ def _lca(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> int:
 def categorical_attribute_loss(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> Fraction:
     """Categorical l_a = (leaves(LCA) - 1) / (M - 1) (LM, Iyengar KDD 2002; Goldberger & Tassa 2010), exact."""
     node = _lca(hierarchy, min_leaf, max_leaf)
-    return lm_categorical_loss(hierarchy.leaf_count(node), hierarchy.n_leaves, exact=True)
+    loss: Fraction = lm_categorical_loss(hierarchy.leaf_count(node), hierarchy.n_leaves, exact=True)
+    return loss
 
 
 def cail_categorical_loss(hierarchy: Hierarchy, min_leaf: int, max_leaf: int) -> Fraction:
     """UBDSA CAIL categorical term: leaves(LCA) / |A_a| when generalized, 0 when the value stays a leaf."""
     node = _lca(hierarchy, min_leaf, max_leaf)
-    return cail_categorical_loss_of(hierarchy.leaf_count(node), hierarchy.n_leaves,
-                                    node >= hierarchy.n_leaves, exact=True)
+    loss: Fraction = cail_categorical_loss_of(hierarchy.leaf_count(node), hierarchy.n_leaves,
+                                              node >= hierarchy.n_leaves, exact=True)
+    return loss
 
 
 def _attr_loss(a: Attribute, bound: tuple[Any, Any], cail: bool) -> Fraction:
     if a.kind is Kind.NUMERIC:
-        return numeric_attribute_loss(Fraction(bound[0]), Fraction(bound[1]), a.lo, a.hi)  # type: ignore[arg-type]
+        return numeric_attribute_loss(Fraction(bound[0]), Fraction(bound[1]), *a.numeric_domain)
     h = a.hierarchy
     assert h is not None
     return cail_categorical_loss(h, *bound) if cail else categorical_attribute_loss(h, *bound)
@@ -516,7 +521,7 @@ def summarize_classes(schema: Schema, arrays: ClassArrays, k: int, *, suppressed
     cail = cail_loss_matrix(schema, arrays, exact=exact)
     rec = arrays.records
     per = iyengar_lm_loss_per_attribute(rec, lm, suppressed)
-    lm_total: Number = sum(per, Fraction(0)) if exact else float(sum(per))  # type: ignore[arg-type]
+    lm_total: Number = sum(per, Fraction(0)) if exact else float(sum(per))
     j = len(schema.qis)
     if distinct_generalizations is None:
         distinct_generalizations = _count_distinct_rows(arrays)

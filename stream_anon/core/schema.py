@@ -89,6 +89,20 @@ class Attribute:
         return self.role is Role.QUASI_IDENTIFIER
 
     @property
+    def numeric_domain(self) -> tuple[float, float]:
+        """A numeric QI's public domain ``(lo, hi)`` (a :class:`Schema` requires one of every numeric QI)."""
+        if self.lo is None or self.hi is None:
+            raise SchemaError(f"field {self.name!r}: no public domain [lo, hi]", field=self.name)
+        return self.lo, self.hi
+
+    @property
+    def qi_hierarchy(self) -> Hierarchy:
+        """A categorical QI's hierarchy (a :class:`Schema` requires one of every categorical QI)."""
+        if self.hierarchy is None:
+            raise SchemaError(f"field {self.name!r}: no generalization hierarchy", field=self.name)
+        return self.hierarchy
+
+    @property
     def domain_values(self) -> tuple[str, ...]:
         """The categorical domain (hierarchy leaves or declared values)."""
         if self.hierarchy is not None:
@@ -291,7 +305,7 @@ class Schema:
     def encode_qis(self, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """QI values of one validated record as (numeric float64[Jn], categorical leaf-index int64[Jc])."""
         num = np.array([float(record[a.name]) for a in self.numeric_qis], dtype=np.float64)
-        cat = np.array([a.hierarchy.leaf_index[record[a.name]] for a in self.categorical_qis],  # type: ignore[union-attr]
+        cat = np.array([a.qi_hierarchy.leaf_index[record[a.name]] for a in self.categorical_qis],
                        dtype=np.int64)
         return num, cat
 
@@ -304,7 +318,7 @@ class Schema:
         for j, a in enumerate(nq):
             num[:, j] = np.asarray(columns[a.name], dtype=np.float64)
         for j, a in enumerate(cq):
-            idx = a.hierarchy.leaf_index  # type: ignore[union-attr]
+            idx = a.qi_hierarchy.leaf_index
             cat[:, j] = [idx[v] for v in columns[a.name]]
         return num, cat
 

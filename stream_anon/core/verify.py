@@ -556,7 +556,7 @@ def _check_against_schema(df: pd.DataFrame, qis: list[str], schema: Schema, rids
         orig_index = pd.Index(original[original_id].astype(str))
         if not orig_index.is_unique:
             raise ValueError(f"verify: original data has duplicate ids in column {original_id!r}")
-        pos = orig_index.get_indexer(rids)
+        pos = orig_index.get_indexer(pd.Index(rids))
         absent = rids[pos < 0]
         out.add("record not in original", [f"record_id {r!r} is not in the original data" for r in absent[:50]],
                 len(absent))

@@ -80,8 +80,8 @@ def broker_message_limits(admin: KafkaAdminClient, topics: Sequence[str]) -> tup
     limits: dict[str, int] = {}
     try:  # (no DescribeCluster: Tansu 0.6 closes the connection on it)
         if topics:
-            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
-                                          for t in topics], config_filter="all")
+            res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": ""})
+                                          for t in topics], config_filter="all")  # (describe: the keys only)
             for t, cfg in res.get("topic", {}).items():
                 v = _int_value(cfg.get("max.message.bytes"))
                 if v is not None:

@@ -247,7 +247,9 @@ class GroupPoller:
     def _offsets(self, offsets: Mapping[int, int],
                  metadata: Mapping[int, str] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
         meta = metadata or {}
-        return {self._tp(p): OffsetAndMetadata(o, meta.get(p), -1) for p, o in offsets.items()}
+        # (no metadata: None, sent as null; kafka-python's stubs type the field str)
+        return {self._tp(p): OffsetAndMetadata(o, meta.get(p), -1)  # type: ignore[arg-type]
+                for p, o in offsets.items()}
 
     def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None, *,
                     metadata: Mapping[int, str] | None = None) -> None:
@@ -264,8 +266,9 @@ class GroupPoller:
     def commit_async(self, offsets: Mapping[int, int], done: CommitDone, *,
                      metadata: Mapping[int, str] | None = None) -> None:
         """Send the commit of ``offsets``; ``done`` is called inside a later poll (or close) with the answer."""
-        def callback(answered: dict[TopicPartition, OffsetAndMetadata], response: object) -> None:
-            done({tp.partition: om.offset for tp, om in answered.items()},
+        def callback(answered: Mapping[TopicPartition, OffsetAndMetadata], response: object) -> None:
+            # (the answered offsets are the ints sent; OffsetAndMetadata's own type allows None)
+            done({tp.partition: om.offset for tp, om in answered.items() if om.offset is not None},
                  response if isinstance(response, Exception) else None)
 
         try:

@@ -25,6 +25,24 @@ GAP_SECONDS = 5.0
 :meth:`PartitionReader._read`)."""
 
 
+def caught_up(consumer: KafkaConsumer, tp: TopicPartition) -> bool:
+    """Whether ``consumer``'s position on ``tp`` is at or past the partition's end as of its last fetch (False
+    while either is unknown: kafka-python answers None for a highwater before the first fetch, and for a
+    position it could not establish)."""
+    end = consumer.highwater(tp)
+    if end is None:
+        return False
+    position = consumer.position(tp)
+    return position is not None and position >= end
+
+
+def position_before(consumer: KafkaConsumer, tp: TopicPartition, offset: int) -> bool:
+    """Whether ``consumer``'s position on ``tp`` is still before ``offset`` (True while the position is
+    unknown: not there yet)."""
+    position = consumer.position(tp)
+    return position is None or position < offset
+
+
 class PartitionReader:
     """Reads single partitions for recovery: the ledger backwards in chunks, output partitions forwards; no
     consumer group (it never disturbs the group's membership).  Also answers ``ping`` (is the broker there?).
@@ -65,7 +83,7 @@ class PartitionReader:
             if time.monotonic() > deadline:
                 raise KafkaTimeoutError(f"no fetch response for {tp} within {timeout_s} s")
             self._check_stop(tp)
-        return begin, int(c.highwater(tp))  # type: ignore[arg-type]
+        return begin, int(c.highwater(tp))
 
     def _read(self, tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
         """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset).
@@ -165,7 +183,7 @@ class PartitionReader:
                 recs = c.poll(timeout_ms=200, max_records=1).get(tp, [])
                 if recs:
                     return True
-                if c.highwater(tp) is not None and offset >= int(c.highwater(tp)):  # type: ignore[arg-type]
+                if c.highwater(tp) is not None and offset >= int(c.highwater(tp)):
                     return True  # nothing there to read
             return True
         except CorruptRecordError:

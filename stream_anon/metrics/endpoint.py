@@ -40,7 +40,7 @@ def metrics_app(registry: CollectorRegistry, health: Health | None = None) -> Ca
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != "/healthz":
-            return exposition(environ, start_response)  # type: ignore[no-any-return]
+            return exposition(environ, start_response)
         if health is None:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"no health check here\n"]

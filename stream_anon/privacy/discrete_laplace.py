@@ -72,7 +72,8 @@ def discrete_laplace_pmf(z: np.ndarray, scale: Fraction | float) -> np.ndarray:
     """P(Z = z) in float64 (for tests and plots; sampling is exact)."""
     a = 1.0 / float(scale)
     zz = np.abs(np.asarray(z, dtype=np.float64))
-    return np.tanh(a / 2.0) * np.exp(-a * zz)
+    pmf: np.ndarray = np.tanh(a / 2.0) * np.exp(-a * zz)
+    return pmf
 
 
 def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: int) -> np.ndarray:
@@ -88,7 +89,8 @@ def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: int)
         success = rng.integers(0, high, dtype=np.int64) < num[active]
         k[active[success]] += 1
         active = active[success]
-    return (k & 1) == 1
+    odd: np.ndarray = (k & 1) == 1
+    return odd
 
 
 def sample_discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np.ndarray:

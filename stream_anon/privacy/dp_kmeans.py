@@ -149,7 +149,8 @@ def nicv(X: Any, centers: Any) -> float:
         part = x[start:start + 65536]
         d2 = (part * part).sum(axis=1)[:, None] - 2.0 * part @ c.T + c2[None, :]
         total += float(np.maximum(d2.min(axis=1), 0.0).sum())
-    return total / x.shape[0]
+    n_points: int = x.shape[0]
+    return total / n_points
 
 
 def relative_improvement(nicv_quad: float, nicv_uniquad: float, nicv_noprivacy: float) -> float:
@@ -160,7 +161,8 @@ def relative_improvement(nicv_quad: float, nicv_uniquad: float, nicv_noprivacy: 
 # ------------------------------------------------------------------------------------ weighted k-means
 def _sq_dist(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
     d2 = (points * points).sum(axis=1)[:, None] - 2.0 * points @ centers.T + (centers * centers).sum(axis=1)[None, :]
-    return np.maximum(d2, 0.0)
+    squared: np.ndarray = np.maximum(d2, 0.0)
+    return squared
 
 
 def kmeans_plusplus(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -228,7 +230,8 @@ class QuadTreeLeaves:
 
     @property
     def centers(self) -> np.ndarray:
-        return (self.lower + self.upper) / 2.0
+        midpoints: np.ndarray = (self.lower + self.upper) / 2.0
+        return midpoints
 
     def __len__(self) -> int:
         return int(self.depth.shape[0])
@@ -480,4 +483,5 @@ class QuadTreeKMeans:
         if self.cluster_centers_ is None:
             raise PrivacyParameterError("QuadTreeKMeans: call fit(X) before predict")
         x = np.asarray(X, dtype=np.float64)
-        return _sq_dist(x.reshape(x.shape[0], -1), self.cluster_centers_).argmin(axis=1)
+        nearest: np.ndarray = _sq_dist(x.reshape(x.shape[0], -1), self.cluster_centers_).argmin(axis=1)
+        return nearest

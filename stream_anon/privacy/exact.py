@@ -78,7 +78,7 @@ def integer_weights(probabilities: np.ndarray, bits: int) -> np.ndarray:
     bits = require_int("bits", bits, low=1, high=62, error=parameter_error)
     p = p / p.sum(axis=1, keepdims=True)
     total = np.int64(1) << np.int64(bits)
-    w = np.maximum(np.floor(p * float(total)).astype(np.int64), 1)
+    w: np.ndarray = np.maximum(np.floor(p * float(total)).astype(np.int64), 1)
     deficit = total - w.sum(axis=1)
     top = np.argmax(w, axis=1)
     rows = np.arange(w.shape[0])
@@ -111,7 +111,8 @@ def _sliding_min(w: np.ndarray, radius: int) -> np.ndarray:
     if shift > 0:
         fwd[: n - shift] = np.minimum(level[: n - shift], level[shift:])
     back = fwd[np.maximum(np.arange(n) - radius, 0)]
-    return np.minimum(fwd, back)
+    window_min: np.ndarray = np.minimum(fwd, back)
+    return window_min
 
 
 def max_ratio(weights: np.ndarray, radius: int | None = None) -> tuple[Fraction, tuple[int, int, int]]:

@@ -150,7 +150,8 @@ class CategoryCodec:
         return codes
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        return self._labels[codes]
+        labels: np.ndarray = self._labels[codes]
+        return labels
 
 
 def counts_of_codes(codes: np.ndarray, k: int) -> np.ndarray:

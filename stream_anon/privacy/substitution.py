@@ -502,7 +502,8 @@ class LExtendedSubstitution(LocalMechanism):
         else:
             ey = x * self.a_l + (n - x) * self.b_l
         g = self.gamma
-        return ((g + self.k - 1) / (g - 1) * ey - n * self.l / (g - 1)) / self.l
+        expectation: np.ndarray = ((g + self.k - 1) / (g - 1) * ey - n * self.l / (g - 1)) / self.l
+        return expectation
 
     # ---------------------------------------------------------------- estimation
     def _report_counts(self, reports: Any) -> tuple[np.ndarray, int]:

@@ -36,6 +36,7 @@ from stream_anon.core.validation import require_int
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.kafka_io.address import BootstrapAddressError, wait_for_broker
 from stream_anon.kafka_io.address import BrokerUnreachableError as AddressUnreachableError
+from stream_anon.kafka_io.reader import caught_up
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.replay.progress import ProgressBar, RateLimiter
 
@@ -471,9 +472,8 @@ def found_in(bootstrap_servers: str, topic: str, before: Mapping[int, int], keys
                         found += 1
             if batch:
                 idle_since = time.monotonic()
-            caught_up = all(consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
-                            for tp in tps)
-            if caught_up or time.monotonic() - idle_since > 5.0:  # (an end-of-partition gap: nothing more comes)
+            # (idle for 5 s: an end-of-partition gap, nothing more comes)
+            if all(caught_up(consumer, tp) for tp in tps) or time.monotonic() - idle_since > 5.0:
                 break
         return found
     finally:
@@ -493,7 +493,7 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
         sender = getattr(producer, "_sender", None)  # no public API to abandon what is in flight
         if sender is not None:
             sender.force_close()
-        producer._closed = True
+        producer._closed = True  # type: ignore[attr-defined]  # (private: not in kafka-python's stubs)
         raise
 
 
@@ -530,9 +530,7 @@ def read_topic(bootstrap_servers: str, topic: str, *, expected: int | None = Non
                 if len(out) >= expected:
                     break
                 continue
-            hw = [consumer.highwater(tp) for tp in tps]
-            caught_up = all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, hw, strict=True))
-            if caught_up and time.monotonic() - last_data >= idle_s:
+            if all(caught_up(consumer, tp) for tp in tps) and time.monotonic() - last_data >= idle_s:
                 break
         return out
     finally:

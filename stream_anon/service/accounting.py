@@ -15,13 +15,13 @@ from stream_anon.service.ledger import (
     KIND_DLQ,
     KIND_SUPPRESSED,
     Checkpoint,
-    ChunkAssembler,
     EntryChunk,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
     decode_ledger_value,
 )
+from stream_anon.service.ledger_state import ChunkAssembler
 
 
 @dataclass

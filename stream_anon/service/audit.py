@@ -36,6 +36,7 @@ from stream_anon.formats.release import (
     decode_class_message,
     decode_dead_letter,
 )
+from stream_anon.kafka_io.reader import caught_up, position_before
 from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
 from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
 
@@ -78,9 +79,7 @@ def read_topic_with_headers(bootstrap_servers: str, topic: str, *, timeout_s: fl
                 by_tp[tp].extend(msgs)
             if batch:
                 last = time.monotonic()
-            hw = [consumer.highwater(tp) for tp in tps]
-            if all(h is not None and consumer.position(tp) >= h for tp, h in zip(tps, hw, strict=True)) \
-                    and time.monotonic() - last >= idle_s:
+            if all(caught_up(consumer, tp) for tp in tps) and time.monotonic() - last >= idle_s:
                 break
         return [m for tp in tps for m in by_tp[tp]]
     finally:
@@ -128,7 +127,7 @@ def records_at(bootstrap_servers: str, topic: str, offsets: Sequence[tuple[int, 
             consumer.assign([tp])
             consumer.seek(tp, lo)
             last = time.monotonic()
-            while consumer.position(tp) < hi and time.monotonic() < deadline:
+            while position_before(consumer, tp, hi) and time.monotonic() < deadline:
                 recs = consumer.poll(timeout_ms=200, max_records=10000).get(tp, [])
                 held.update((p, r.offset) for r in recs if lo <= r.offset < hi)
                 if recs:

@@ -37,7 +37,7 @@ from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
 from stream_anon.service.failure_policy import ProducerFailurePolicy
-from stream_anon.service.ledger import RecoveryPlan
+from stream_anon.service.ledger_state import RecoveryPlan
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.outbox import LedgerOutbox
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack

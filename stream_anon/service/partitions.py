@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
+from stream_anon.service.ledger import LedgerEntry
+from stream_anon.service.ledger_state import PartitionOutbox, RecoveryPlan
 
 
 @dataclass

@@ -21,15 +21,13 @@ from typing import Protocol, TypeVar
 from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
     Checkpoint,
-    ChunkAssembler,
     EntryChunk,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
-    PartitionOutbox,
-    RecoveryPlan,
     decode_ledger_value,
 )
+from stream_anon.service.ledger_state import ChunkAssembler, PartitionOutbox, RecoveryPlan
 from stream_anon.service.outbox import Producers, Receipt, Topics
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
 

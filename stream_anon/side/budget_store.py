@@ -33,6 +33,7 @@ from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
 from stream_anon.kafka_io.clients import client_options, fetch_limits
 from stream_anon.kafka_io.producer import OutputProducer
+from stream_anon.kafka_io.reader import position_before
 from stream_anon.side.budgets import BudgetAnchor, anchor_group
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,14 @@ class BudgetTopic:
             begin = int(consumer.beginning_offsets([tp])[tp] or 0)
             consumer.seek(tp, begin)
             deadline = time.monotonic() + timeout_s
-            while consumer.highwater(tp) is None:  # Tansu: end_offsets() is wrong; highwater comes with a fetch
+            # (Tansu: end_offsets() is wrong; the highwater comes with a fetch)
+            while (highwater := consumer.highwater(tp)) is None:
                 for r in consumer.poll(timeout_ms=200).get(tp, []):
                     self._take(out, r.key, r.value)
                 if time.monotonic() > deadline:
                     raise KafkaTimeoutError(f"{self.describe()}: no fetch response within {timeout_s:g} s")
-            end = int(consumer.highwater(tp))  # type: ignore[arg-type]
-            while consumer.position(tp) < end:
+            end = int(highwater)
+            while position_before(consumer, tp, end):
                 for r in consumer.poll(timeout_ms=500).get(tp, []):
                     if r.offset < end:
                         self._take(out, r.key, r.value)

@@ -38,13 +38,13 @@ class CategoricalChannel:
 
     def perturb(self, values: Sequence[Any]) -> list[Any]:
         """Reported categories: (n,) -> list of labels; (n, l) -> list of lists."""
-        return self.codec.decode(self.perturb_codes(values)).tolist()  # type: ignore[no-any-return]
+        return self.codec.decode(self.perturb_codes(values)).tolist()
 
     def perturb_json(self, values: Sequence[Any]) -> list[str]:
         """Reported categories as JSON texts, one per record (``json.dumps`` of :meth:`perturb`'s items)."""
         frag = self._json[self.perturb_codes(values)]
         if frag.ndim == 1:
-            return frag.tolist()  # type: ignore[no-any-return]
+            return frag.tolist()
         return ["[" + ",".join(row) + "]" for row in frag.tolist()]
 
     def perturb_codes(self, values: Sequence[Any]) -> np.ndarray:
@@ -84,7 +84,7 @@ class NumericChannel:
         self.m2_h = 0.0
 
     def perturb(self, values: Sequence[Any]) -> list[float]:
-        return self.perturb_array(values).tolist()  # type: ignore[no-any-return]
+        return self.perturb_array(values).tolist()
 
     def perturb_json(self, values: Sequence[Any]) -> list[str]:
         """Reported values as JSON numbers (``float.__repr__``, what ``json.dumps`` writes for a finite float)."""

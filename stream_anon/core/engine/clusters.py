@@ -59,20 +59,21 @@ class QIEncoder:
             raise ValueError("schema has no quasi-identifier; the engine needs at least one")
         self.width = 2 * self.j
         self.names = [a.name for a in self.numeric] + [a.name for a in self.categorical]
-        self.num_lo = np.array([float(a.lo) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
-        self.num_hi = np.array([float(a.hi) for a in self.numeric], dtype=np.float64)  # type: ignore[arg-type]
-        self.num_inv_range = np.array([numeric_inverse_width(a.lo, a.hi) for a in self.numeric], dtype=np.float64)
-        self.hierarchies = [a.hierarchy for a in self.categorical]
-        self.m = np.array([h.n_leaves for h in self.hierarchies], dtype=np.int64)  # type: ignore[union-attr]
+        self.num_lo = np.array([float(a.numeric_domain[0]) for a in self.numeric], dtype=np.float64)
+        self.num_hi = np.array([float(a.numeric_domain[1]) for a in self.numeric], dtype=np.float64)
+        self.num_inv_range = np.array([numeric_inverse_width(*a.numeric_domain) for a in self.numeric],
+                                      dtype=np.float64)
+        self.hierarchies = [a.qi_hierarchy for a in self.categorical]
+        self.m = np.array([h.n_leaves for h in self.hierarchies], dtype=np.int64)
         sizes = self.m * self.m
         self.offsets = (np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if jc
                         else np.zeros(0, np.int64))
-        gt = [gt_loss_table(h).ravel() for h in self.hierarchies]  # type: ignore[arg-type]
-        cail = [cail_table(h).ravel() for h in self.hierarchies]  # type: ignore[arg-type]
+        gt = [gt_loss_table(h).ravel() for h in self.hierarchies]
+        cail = [cail_table(h).ravel() for h in self.hierarchies]
         self.gt_table = np.concatenate(gt).astype(np.float64) if jc else np.zeros(1)
         self.cail_table = np.concatenate(cail).astype(np.float64) if jc else np.zeros(1)
         self.score_table = self.cail_table if score == "ubdsa" else self.gt_table
-        self.leaf_index = [h.leaf_index for h in self.hierarchies]  # type: ignore[union-attr]
+        self.leaf_index = [h.leaf_index for h in self.hierarchies]
         # slices of the layout
         self.sx = slice(0, jn)
         self.sa = slice(jn, self.j)
@@ -87,10 +88,10 @@ class QIEncoder:
         self.q = q
         self.ones_c = np.ones(jc)
         # per-node Python tables for describing one released box without numpy scalar access
-        self._lca = [h.lca.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
-        self._node_label = [h.node_labels for h in self.hierarchies]  # type: ignore[union-attr]
-        self._node_lo = [h.node_leaf_lo.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
-        self._node_hi = [h.node_leaf_hi.tolist() for h in self.hierarchies]  # type: ignore[union-attr]
+        self._lca = [h.lca.tolist() for h in self.hierarchies]
+        self._node_label = [h.node_labels for h in self.hierarchies]
+        self._node_lo = [h.node_leaf_lo.tolist() for h in self.hierarchies]
+        self._node_hi = [h.node_leaf_hi.tolist() for h in self.hierarchies]
         self._node_gt: list[list[float]] = []
         self._node_score: list[list[float]] = []
         for h in self.hierarchies:

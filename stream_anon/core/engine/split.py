@@ -134,7 +134,8 @@ class Splitter:
         """Indices of the ``n`` units nearest to record ``t`` (stable order by distance; units represented by
         a random record each)."""
         d = self.enc.score_rows(np.minimum(self.V[self._reps(units)], self.V[t]))
-        return np.argsort(d, kind="stable")[:n].tolist()
+        nearest: list[int] = np.argsort(d, kind="stable")[:n].tolist()
+        return nearest
 
     def _split_knn(self, units: list[list[int]]) -> list[list[int]]:
         """CASTLE's KNN split: while >= k units remain, a random unit seeds a group with its k-1 nearest units

@@ -187,7 +187,8 @@ class DiscretizedBoundedLaplace(LocalMechanism):
 
     def randomise_many(self, values: Any) -> np.ndarray:
         """Perturb an array of categories; returns an object array of reported categories."""
-        return self._cat_array[self.randomise_indices(self.encode(values))]
+        reported: np.ndarray = self._cat_array[self.randomise_indices(self.encode(values))]
+        return reported
 
     @property
     def exact_epsilon(self) -> float:

@@ -85,7 +85,8 @@ def _distances(n_points: int) -> np.ndarray:
 def grid_laplace_probabilities(n_points: int, scale_steps: float) -> np.ndarray:
     """exp(-|j - i| / t) / Z_i on an M-point grid (float64; the mechanism is its integer table)."""
     p = np.exp(-_distances(n_points) / float(scale_steps))
-    return p / p.sum(axis=1, keepdims=True)
+    probabilities: np.ndarray = p / p.sum(axis=1, keepdims=True)
+    return probabilities
 
 
 def _build_grid_table(n_points: int, scale_steps: float) -> IntegerTable:
@@ -189,22 +190,26 @@ class GridModel:
         return lo
 
     def sample(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return self.values[self.table.sample(self.rows(x, rng), rng)]
+        outputs: np.ndarray = self.values[self.table.sample(self.rows(x, rng), rng)]
+        return outputs
 
     def _mix(self, per_row: np.ndarray, x: np.ndarray) -> np.ndarray:
         lo, frac = self._position(x)
         hi = np.minimum(lo + 1, self.n_points - 1)
-        return (1.0 - frac) * per_row[lo] + frac * per_row[hi]
+        mixed: np.ndarray = (1.0 - frac) * per_row[lo] + frac * per_row[hi]
+        return mixed
 
     def expected_output(self, x: np.ndarray) -> np.ndarray:
         return self._mix(self.mean_out, x)
 
     def variance(self, x: np.ndarray) -> np.ndarray:
         m = self._mix(self.mean_out, x)
-        return np.maximum(self._mix(self.second_out, x) - m * m, 0.0)
+        variance: np.ndarray = np.maximum(self._mix(self.second_out, x) - m * m, 0.0)
+        return variance
 
     def inverse_expected_output(self, y: np.ndarray) -> np.ndarray:
-        return np.interp(y, self.mean_out, self.values)
+        inputs: np.ndarray = np.interp(y, self.mean_out, self.values)
+        return inputs
 
     def slope(self, x: float) -> float:
         g = np.gradient(self.mean_out, self.values)
@@ -213,7 +218,8 @@ class GridModel:
     def pmf(self, x: float) -> np.ndarray:
         lo, frac = self._position(np.asarray([x], dtype=np.float64))
         hi = min(int(lo[0]) + 1, self.n_points - 1)
-        return (1.0 - frac[0]) * self.P[int(lo[0])] + frac[0] * self.P[hi]
+        pmf: np.ndarray = (1.0 - frac[0]) * self.P[int(lo[0])] + frac[0] * self.P[hi]
+        return pmf
 
     def cdf(self, y: np.ndarray, x: float) -> np.ndarray:
         c = np.cumsum(self.pmf(x))
@@ -258,5 +264,6 @@ class GridModel:
 
     def transform_bias(self, boundary_width: float) -> np.ndarray:
         """E[h | i] - x_i per grid input (0 up to rounding inside, the bias near the bounds)."""
-        return self.P @ self.transform(boundary_width) - self.values
+        bias: np.ndarray = self.P @ self.transform(boundary_width) - self.values
+        return bias
 

@@ -327,7 +327,8 @@ class BoundedLaplace(BoundedLaplaceBase):
         variance; numbers in docs/privacy-numeric.md).  Outputs must be this mechanism's grid values.
         """
         w = self._boundary_width(boundary_width)
-        return self._grid.transform(w)[self._grid.output_index(perturbed)]
+        estimates: np.ndarray = self._grid.transform(w)[self._grid.output_index(perturbed)]
+        return estimates
 
     def max_transform_bias(self, *, boundary_width: float = 0.1) -> float:
         """Largest |E[h(M(x))] - x| of ``unbiased_transform`` over the domain, in data units (0 for width 0)."""

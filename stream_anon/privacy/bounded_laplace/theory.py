@@ -87,7 +87,8 @@ def unit_bias(q: np.ndarray, b: float) -> np.ndarray:
     """E[Y] - q on [-1, 1] (diffprivlib/Holohan closed form with lower=-1, upper=1)."""
     a = np.exp(-(q + 1.0) / b)
     c = np.exp(-(1.0 - q) / b)
-    return ((b + 1.0 + q) / 2.0 * a - (b + 1.0 - q) / 2.0 * c) / normalizer(q, b)
+    bias: np.ndarray = ((b + 1.0 + q) / 2.0 * a - (b + 1.0 - q) / 2.0 * c) / normalizer(q, b)
+    return bias
 
 
 def unit_variance(q: np.ndarray, b: float) -> np.ndarray:
@@ -96,7 +97,8 @@ def unit_variance(q: np.ndarray, b: float) -> np.ndarray:
     c = np.exp(-(1.0 - q) / b)
     second = (q * q - (a + c) / 2.0 - b * (a + c) + b * b * (2.0 - a - c)) / normalizer(q, b)
     mean = q + unit_bias(q, b)
-    return np.maximum(second - mean * mean, 0.0)
+    variance: np.ndarray = np.maximum(second - mean * mean, 0.0)
+    return variance
 
 
 def unit_cdf(y: np.ndarray, q: np.ndarray, b: float) -> np.ndarray:
@@ -108,4 +110,5 @@ def unit_cdf(y: np.ndarray, q: np.ndarray, b: float) -> np.ndarray:
         0.5 * (np.exp(-(q - y) / b) - np.exp(-(q + 1.0) / b)),
         left_mass - 0.5 * np.expm1(-(y - q) / b),
     )
-    return np.clip(below / normalizer(q, b), 0.0, 1.0)
+    cdf: np.ndarray = np.clip(below / normalizer(q, b), 0.0, 1.0)
+    return cdf

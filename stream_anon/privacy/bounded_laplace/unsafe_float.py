@@ -49,7 +49,8 @@ def sample_unit_from_uniform(q: np.ndarray, b: float, uniform: np.ndarray) -> np
     w_m = np.where(left, u, u - m_left)  # = w * (1 - exp(-a/b)), w uniform on [0, 1) within the chosen side
     d = -b * np.log1p(-w_m)
     y = np.where(left, q - d, q + d)
-    return np.clip(y, -1.0, 1.0)
+    clipped: np.ndarray = np.clip(y, -1.0, 1.0)
+    return clipped
 
 
 class FloatModel:
@@ -114,7 +115,8 @@ class FloatModel:
         spike = b * c_edge / math.expm1(w / b)
         hn = yn - b * (np.exp(-(yn + 1.0) / b) - np.exp(-(1.0 - yn) / b))
         hn = hn - spike * (yn <= -1.0 + w) + spike * (yn >= 1.0 - w)
-        return self.lower + (hn + 1.0) * (self.width / 2.0)
+        values: np.ndarray = self.lower + (hn + 1.0) * (self.width / 2.0)
+        return values
 
     def max_transform_bias(self, boundary_width: float) -> float:
         return 0.5 * self.b * -math.expm1(-boundary_width / self.b) * self.width / 2.0
