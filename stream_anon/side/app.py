@@ -105,73 +105,12 @@ from stream_anon.side.mixing import CopyMixer, MixedWindow
 from stream_anon.side.outbox import CopyGroup, RecoveryReport, SideOutbox
 from stream_anon.side.outbox_store import OutboxTopic
 from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideEvent, SidePathProcessor
+from stream_anon.side.status import (
+    SideStatus as SideStatus,  # (re-exported: the runtime and tests import it here)
+)
+from stream_anon.side.status import estimate_summary
 
 log = logging.getLogger(__name__)
-
-READ_MARK_SECONDS = 10.0
-"""The outbox read mark is committed at most this often (and after the start's recovery)."""
-
-
-@dataclass
-class SideStatus:
-    """Running totals of the side paths in this process (the demo summary and tests read them)."""
-
-    consumed: int = 0  # input messages consumed by the side group
-    processed: int = 0  # valid records perturbed
-    control: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (bad input, person cap, commit failures)
-    clipped: dict[str, int] = field(default_factory=dict)  # attribute -> out-of-domain values clipped
-    published: dict[str, int] = field(default_factory=dict)  # topic -> messages acknowledged
-    kmeans_budget: dict[str, float] | None = None  # the k-means lifetime budget: total, used, remaining (if any)
-    epsilon_per_record: dict[str, float] = field(default_factory=dict)  # per-record topic -> a record's exact eps
-    epsilon_kmeans_window: float = 0.0  # exact eps of one k-means window (each record is in one)
-    epsilon_all_side_topics: float = 0.0  # one record's exact eps over all side outputs, k-means included
-    estimates: dict[str, dict[str, Any]] = field(default_factory=dict)  # "mech/attr" -> latest summary
-    kmeans_windows: int = 0
-    kmeans_refused: int = 0
-    mixing_windows: int = 0  # windows of copies released
-    outbox_entries: int = 0  # write-ahead entries written (one per send of a window or a batch's outputs)
-    outbox_wait_seconds: float = 0.0  # time spent writing them ahead (the latency the write-ahead adds)
-    outbox_recovered: int = 0  # messages the start's recovery sent again (left by the last run)
-    budget_generation: int = 0  # the budget's generation (docs/side-paths.md, "Budgets")
-    kmeans_stopped: bool = False
-    positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (committed)
-    group_id: str = ""
-    ready: threading.Event = field(default_factory=threading.Event)
-    finished: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-    last_tick: float = field(default_factory=time.monotonic)  # the loop's last iteration (or the start)
-
-    def tick(self) -> None:
-        self.last_tick = time.monotonic()
-
-    def health(self, stall_seconds: float) -> tuple[bool, str]:
-        """(healthy, one line) for the side-path process's ``/healthz``: unhealthy when the side paths failed,
-        finished, or their loop has not turned for ``stall_seconds`` (``service.healthz_stall_seconds``)."""
-        age = time.monotonic() - self.last_tick
-        if self.error is not None:
-            return False, f"failed: side paths stopped: {self.error}"
-        if self.finished.is_set():
-            return False, "stopped: the side paths have finished"
-        if age > stall_seconds:
-            return False, (f"stalled: the side-path loop has not turned for {age:.0f} s (bound "
-                           f"service.healthz_stall_seconds = {stall_seconds:g})")
-        state = "running" if self.ready.is_set() else "starting"
-        return True, f"ok: side paths {state}, loop turned {age:.1f} s ago, {self.processed:,} records perturbed"
-
-    def summary(self) -> dict[str, Any]:
-        """The totals as plain data (JSON, pickling across processes)."""
-        return {"consumed": self.consumed, "processed": self.processed, "skipped": dict(self.skipped),
-                "clipped": dict(self.clipped), "published": dict(self.published),
-                "epsilon_per_record": dict(self.epsilon_per_record), "kmeans_budget": self.kmeans_budget,
-                "epsilon_kmeans_window": self.epsilon_kmeans_window,
-                "epsilon_all_side_topics": self.epsilon_all_side_topics, "estimates": dict(self.estimates),
-                "kmeans_windows": self.kmeans_windows, "kmeans_refused": self.kmeans_refused,
-                "mixing_windows": self.mixing_windows, "outbox_entries": self.outbox_entries,
-                "outbox_wait_seconds": round(self.outbox_wait_seconds, 3), "outbox_recovered": self.outbox_recovered,
-                "budget_generation": self.budget_generation,
-                "kmeans_stopped": self.kmeans_stopped, "group_id": self.group_id, "error": self.error,
-                "control": self.control}
 
 
 @dataclass
@@ -234,8 +173,6 @@ class SidePathApp:
         # the write-ahead of every message to a public side topic (a record's copies on every topic or none)
         self.outbox_topic = OutboxTopic(cfg, self.input_topic)
         self.outbox = SideOutbox(self.outbox_topic.topic, self.input_topic, bound=self._bound)
-        self._read_mark: int | None = None  # the outbox read mark as last committed
-        self._next_mark_write = 0.0
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -340,54 +277,19 @@ class SidePathApp:
         return connect_admin(bounded, on_retry=self.metrics.reconnect, stop=self.stop_event.is_set)
 
     def _recover_outbox(self, mark: int | None, counts: dict[str, int]) -> RecoveryReport:
-        """Complete the write-ahead entries the last run left (:meth:`SideOutbox.recover
-        <stream_anon.side.outbox.SideOutbox.recover>`), read the end of every side partition (the outbox's ends) and
-        move the read mark past what was read.  Before anything is consumed."""
-        cfg, producer = self.cfg, self._producer
-        assert producer is not None
-        stop = self.stop_event.is_set
-        reader = PartitionReader(cfg.kafka, stop=stop)
-        outbox_end: list[int] = [0]
-
-        def attempt() -> RecoveryReport:
-            producer.flush()  # a failed attempt's re-sends are stored before the side partitions are read again
-            records, outbox_end[0] = self.outbox_topic.load(reader, mark)
-            return self.outbox.recover(records, reader, producer)
-
-        try:
-            rep = retry("recover the side outbox", attempt, cfg.kafka, stop=stop)
-            def side_ends() -> dict[tuple[str, int], int]:
-                return {(t, p): reader.bounds(t, p)[1] for t in self.output_topics() for p in range(counts.get(t, 1))}
-
-            self.outbox.ends.update(retry("read the side partitions' ends", side_ends, cfg.kafka, stop=stop))
-        finally:
-            reader.close()
+        """The outbox's recovery at start (:meth:`OutboxTopic.recover
+        <stream_anon.side.outbox_store.OutboxTopic.recover>`), then its read mark."""
+        assert self._producer is not None
+        partitions = [(t, p) for t in self.output_topics() for p in range(counts.get(t, 1))]
+        rep = self.outbox_topic.recover(self.outbox, self._producer, mark=mark, side_partitions=partitions,
+                                        stop=self.stop_event.is_set)
         self.status.outbox_recovered = rep.resent
-        if rep.entries or rep.dropped:
-            log.warning("side paths: outbox %s: %s", self.outbox_topic.topic, rep.line())
-        else:
-            log.info("side paths: outbox %s: nothing pending from the last run (read from offset %s to %d, %.2f s)",
-                     self.outbox_topic.topic, mark if mark is not None else "0", outbox_end[0], rep.seconds)
-        self.outbox.acked_end = outbox_end[0]
         self._write_read_mark(force=True)
         return rep
 
     def _write_read_mark(self, *, force: bool = False) -> None:
-        """Commit the outbox's read mark when it moved (at most every ``READ_MARK_SECONDS`` unless ``force``); a
-        refusal is a WARNING (the next start reads a little more)."""
-        m = self.outbox.read_mark
-        if self._admin is None or m is None or m == self._read_mark:
-            return
-        now = time.monotonic()
-        if not force and now < self._next_mark_write:
-            return
-        self._next_mark_write = now + READ_MARK_SECONDS
-        try:
-            self.outbox_topic.write_mark(self._admin, m)
-        except (KafkaError, OSError) as e:
-            log.warning("side paths: the outbox read mark (%d) was not committed (%r); tried again later", m, e)
-            return
-        self._read_mark = m
+        if self._admin is not None:
+            self.outbox_topic.move_mark(self._admin, self.outbox.read_mark, force=force)
 
     def run(self) -> int:
         if not self.side.enabled:
@@ -738,7 +640,7 @@ class SidePathApp:
         t = self.topics
         for topic, _key, msg in outputs:
             if topic == t.estimates:
-                status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = _estimate_summary(msg)
+                status.estimates[f"{msg['mechanism']}/{msg['attribute']}"] = estimate_summary(msg)
         acc = self.processor.kmeans_accountant  # the one lifetime budget (k-means total_epsilon), if any
         if acc is not None:
             status.kmeans_budget = {"total": acc.total_epsilon, "used": acc.spent, "remaining": acc.remaining}
@@ -772,18 +674,6 @@ class SidePathApp:
             shown[key] = format_epsilon(shown[key])
         shown["epsilon_per_record"] = format_epsilons(shown["epsilon_per_record"])
         log.info("side paths stopped: %s", shown)
-
-
-def _estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"source_topic": msg["source_topic"], "type": msg["type"], "n": msg["n"],
-                           "epsilon": msg["epsilon"], "standard_error": msg.get("standard_error"),
-                           "round": msg["round"]}
-    if msg["type"] == "mean":
-        out["mean"] = msg["mean"]
-    truth = msg.get("truth")
-    if truth is not None:
-        out["abs_error"] = truth.get("abs_error")
-    return out
 
 
 def run_side_paths(cfg: Config, metrics: ServiceMetrics | None = None, stop_event: threading.Event | None = None,
