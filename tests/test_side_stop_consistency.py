@@ -75,6 +75,8 @@ def restart_and_drain(cmd: list[str], bs: str, prefix: str, ends: dict[int, int]
     text2 = svc2.text()
     assert rc2 == 0, text2[-4000:]
     assert "Traceback" not in text2, text2[-4000:]
+    mark = committed(bs, f"stream-anon-side-outbox.{prefix}.raw", f"{prefix}.raw.side-outbox", 1)[0]
+    assert mark > 0, "the outbox read mark was not committed after the start's recovery"
     recovered = re.search(r"(\d+) write-ahead entries pending from the last run: (\d+) messages, (\d+) found on "
                           r"their side topics, (\d+) sent again", text2)
     after = consistency(side_keys(bs, prefix))
