@@ -38,9 +38,9 @@ true`` (side paths running without a main path) dead-letters them too, redacted 
 latest message is such a control, a final round of estimates is published and a partial k-means window is
 released (if it holds at least ``kmeans.min_partial_window`` records).
 
-At a clean stop every open mixing window is released (a record gets a copy on every enabled side topic or on none:
-they are committed before they are perturbed, so a crash loses the copies of the open windows, never half of a
-record's copies), then the final estimates.
+A record gets a copy on every enabled side topic or on none: every send to a side topic is written ahead to the
+internal ``<input>.side-outbox`` and completed at the next start (:mod:`stream_anon.side.outbox`); a clean stop
+releases every open window and the final estimates, a crash loses the open windows' copies on every topic alike.
 
 Estimates and the k-means window live in memory: after a restart they cover the records since the restart.  The
 pseudonym key is ``release.secret`` (resolved once by the service's parent process); run standalone without one,

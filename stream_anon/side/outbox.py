@@ -345,7 +345,7 @@ class _Sent:
 
 class SideOutbox:
     """Steps 1-4 and the recovery of the module docstring for the outbox ``topic`` of ``input_topic``; ``bound``: the
-    output bound (chunks stay under it); ``headers_of``: unused by the protocol, the groups carry their headers."""
+    output bound (chunks stay under it); ``run_id``: names this run's entries (default: time and random bits)."""
 
     def __init__(self, topic: str, input_topic: str, *, bound: int, run_id: str | None = None) -> None:
         self.topic = topic
