@@ -472,21 +472,36 @@ def test_bad_log_level_and_unknown_command_are_one_line() -> None:
 
 
 def test_client_library_loggers_are_quiet_unless_debug() -> None:
-    saved = {n: logging.getLogger(n).level for n in ("", *CLIENT_LOGGERS)}
+    saved = {n: (logging.getLogger(n).level, logging.getLogger(n).propagate) for n in ("", *CLIENT_LOGGERS)}
+    seen: list[str] = []
+
+    class Catcher(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    catcher = Catcher()
+    logging.getLogger().addHandler(catcher)
     try:
         configure_logging("INFO")  # issue 20: the client libraries' own lines never reach the output but at DEBUG
-        assert all(not logging.getLogger(n).isEnabledFor(logging.CRITICAL) for n in CLIENT_LOGGERS)
-        assert not logging.getLogger("kafka.net.selector").isEnabledFor(logging.WARNING)  # "blocking the event loop"
-        assert logging.getLogger("stream_anon.service.app").isEnabledFor(logging.INFO)
-        configure_logging("ERROR")
-        assert not logging.getLogger("kafka").isEnabledFor(logging.ERROR)
+        logging.getLogger("kafka.net.selector").warning("Task ran for 0.2 s. It is blocking the event loop")
+        logging.getLogger("kafka").critical("client chatter")
+        logging.getLogger("librdkafka").error("client chatter")
+        logging.getLogger("stream_anon.service.app").info("our own line")
+        assert seen == ["our own line"]
+        # the records are still made from WARNING up: the filters on the client loggers (the receive-limit lines that
+        # arm the oversize search of a kafka-python consumer) see them
+        assert logging.getLogger("kafka.consumer.fetcher").isEnabledFor(logging.ERROR)
+        seen.clear()
         logging.getLogger().setLevel(logging.DEBUG)
         configure_logging("DEBUG")
-        assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
+        logging.getLogger("kafka.conn").debug("debug chatter")
+        assert seen == ["debug chatter"]
         assert logging.getLogger("librdkafka").isEnabledFor(logging.DEBUG)
     finally:
-        for n, level in saved.items():
+        logging.getLogger().removeHandler(catcher)
+        for n, (level, propagate) in saved.items():
             logging.getLogger(n).setLevel(level)
+            logging.getLogger(n).propagate = propagate
 
 
 def test_closing_clients_cancelled_metadata_refresh_is_not_an_error_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -498,9 +513,14 @@ def test_closing_clients_cancelled_metadata_refresh_is_not_an_error_line(caplog:
     configure_logging("INFO")  # idempotent: one filter
     cluster = logging.getLogger("kafka.cluster")
     assert sum(type(f).__name__ == "CancelledMetadataRefresh" for f in cluster.filters) == 1
-    with caplog.at_level(logging.WARNING, logger="kafka.cluster"):
-        cluster.error("Metadata refresh: failed %s", Cancelled())
-        cluster.error("Metadata refresh: failed %s", KafkaTimeoutError("no answer"))
+    library = logging.getLogger("kafka")
+    library.propagate = True  # (quiet_client_libraries stops the lines there: let them reach caplog here)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kafka.cluster"):
+            cluster.error("Metadata refresh: failed %s", Cancelled())
+            cluster.error("Metadata refresh: failed %s", KafkaTimeoutError("no answer"))
+    finally:
+        library.propagate = False
     assert [r.getMessage() for r in caplog.records] == ["Metadata refresh: failed KafkaTimeoutError: no answer"]
 
 

@@ -167,20 +167,30 @@ class ClosedSocketRecv(logging.Filter):
 CLIENT_LOGGERS = ("kafka", "librdkafka")
 """The Kafka client libraries' loggers: kafka-python's (``kafka.*``) and the one the confluent-kafka producer is
 given (:mod:`stream_anon.kafka_io.producer`)."""
-CLIENT_LOGS_OFF = logging.CRITICAL + 10
-"""Their level below DEBUG: off.  What the operator must know (a broker unreachable, a failed produce, a lost
-group) is said by stream-anon's own lines; the libraries' connection chatter (about 70 ``kafka.net`` ERROR and
-WARNING lines when a broker is down) and kafka-python's ``Task ... blocking the event loop`` warnings (its network
-selector warns when one step of its I/O coroutine takes over 0.1 s, which happens whenever another thread of the
-process holds the GIL that long: the engine, JSON decoding, a busy machine) never reach the output."""
+CLIENT_LOGS_KEPT = logging.WARNING
+"""Below DEBUG the client libraries' loggers still make records from this level up, so that the filters on them see
+the lines they act on (:class:`~stream_anon.kafka_io.oversized.ReceiveLimitLines`: kafka-python reports a fetch
+response over its receive limit nowhere else), but the records reach no handler: they never reach the output.  What
+the operator must know (a broker unreachable, a failed produce, a lost group) is said by stream-anon's own lines; the
+libraries' connection chatter (about 70 ``kafka.net`` ERROR and WARNING lines when a broker is down) and
+kafka-python's ``Task ... blocking the event loop`` warnings (its network selector warns when one step of its I/O
+coroutine takes over 0.1 s, which happens whenever another thread of the process holds the GIL that long: the
+engine, JSON decoding, a busy machine) are dropped."""
 
 
 def quiet_client_libraries(level: int | None = None) -> None:
-    """The client libraries' loggers off (:data:`CLIENT_LOGS_OFF`) unless ``level`` (default: the root logger's
-    effective level) is DEBUG, where they pass everything."""
+    """The client libraries' lines kept from the output unless ``level`` (default: the root logger's effective
+    level) is DEBUG, where they pass everything: below DEBUG their loggers make records from
+    :data:`CLIENT_LOGS_KEPT` up (for the filters on them) but do not propagate to the root's handlers (a
+    ``NullHandler`` keeps logging's last-resort handler away)."""
     level = logging.getLogger().getEffectiveLevel() if level is None else level
     for name in CLIENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else CLIENT_LOGS_OFF)
+        logger = logging.getLogger(name)
+        quiet = level > logging.DEBUG
+        logger.setLevel(CLIENT_LOGS_KEPT if quiet else logging.NOTSET)
+        logger.propagate = not quiet
+        if quiet and not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
 
 
 def quiet_closing_clients() -> None:
