@@ -31,8 +31,9 @@ from kafka.structs import OffsetAndMetadata
 
 from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
-from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.clients import client_options, cluster_brokers
 from stream_anon.kafka_io.producer import OutputProducer
+from stream_anon.kafka_io.settings import COMPACTED_TOPIC_CONFIG
 from stream_anon.side.budgets import BudgetAnchor, anchor_group
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,10 @@ class BudgetTopic:
             log.warning("side paths: budget topic %s does not exist and topics.create is false", self.topic)
             return
         try:
-            admin.create_topics([NewTopic(self.topic, 1, self.cfg.topics.replication_factor,
-                                          topic_configs={"cleanup.policy": "compact"})])
+            layout = self.cfg.topics.layout()
+            replication = layout.replication(cluster_brokers(admin))
+            admin.create_topics([NewTopic(self.topic, 1, replication, topic_configs={
+                **COMPACTED_TOPIC_CONFIG, **layout.replication_config(replication)})])
             log.info("created the side paths' budget topic %s (1 partition, cleanup.policy=compact)", self.topic)
         except TopicAlreadyExistsError:
             pass

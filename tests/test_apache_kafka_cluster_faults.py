@@ -1,0 +1,466 @@
+"""Cluster faults on a three-broker Apache Kafka cluster (KRaft, replication factor 3, ``min.insync.replicas=2``,
+unclean leader election off), through the real ``stream-anon run`` process with its side paths on, all of ADULT
+replayed while the faults happen (issue 17 item 3):
+
+(a) ``kill -9`` of the broker that leads every partition of the input, ledger and outputs, three times mid-replay
+    (each node once: it is made the leader of them all first, by a preferred-leader election), restarting it each
+    time;
+(b) a rolling restart of all three brokers (SIGTERM: controlled shutdown, start, replicas back in sync; the next);
+(c) one broker down for longer than the consumer session timeout: the group's coordinator, also made the leader
+    of every main-path partition, frozen (SIGSTOP: it neither answers nor closes its connections) for at least
+    twice the session timeout and until the service committed progress on every partition without it;
+(d) ``kill -9`` of the service during a leader election, twice: at the same moment as a ``kill -9`` of the leader of
+    every main-path partition (the controller fences it and elects new leaders over the next seconds), and while a
+    preferred-leader election moves them all to another node; a new service starts at once each time.
+
+Each scenario: every input offset accounted exactly once (``stream-anon audit`` OK), nothing lost, nothing published
+twice on the anon topic (nor on suppressed/dlq), every class >= k, >= l and within the t-closeness default by the
+independent verifier (with coverage of the originals through the ledger's record ids), the service never exits
+before it is told to and stops with 0, and no side copy twice (the side paths are at most once by design).  The
+time from each fault to committed progress on every input partition is measured and printed (``-s``).
+
+The topics are the service's own: it creates them (replication factor 3 and ``min.insync.replicas`` 2 by default on
+a cluster of three, ``topics.replication_factor`` unset), checked here.  The replay's producer is idempotent with
+``acks=all``; the replay holds before each fault's records until the fault is injected, so every fault falls in the
+middle of the stream however fast the machine is.  One cluster serves the module (starting three JVMs costs ~20 s):
+each scenario has its own topics and groups, and every node runs and is thawed before and after each.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from apache_kafka_support import KafkaCluster, ServiceProcess, start_cluster, wait_for
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
+from kafka_service_support import adult_rows, audit, topic_flags
+
+from stream_anon.config.settings import Config
+from stream_anon.core.datasets import read_adult
+from stream_anon.core.schema import adult_schema
+from stream_anon.core.verify import verify_release_frame
+from stream_anon.replay.kafka_replay import replay_records
+from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 2
+SESSION_TIMEOUT_MS = 6000
+CHUNK = 500  # replay chunk: each acknowledged before the next
+AHEAD = 3500  # records the replay sends past a fault's trigger point before it holds (> 2 x delta: reachable)
+OK_LINE = "OK: every input offset accounted exactly once, every promised output published exactly once"
+FIGURES: list[dict[str, Any]] = []
+
+
+# ------------------------------------------------------------------------------------------------ the cluster
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes shared by this module's scenarios (each restores every node when it ends)."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster-faults"), 3)
+    try:
+        yield c
+    finally:
+        c.stop(timeout_s=15)
+        if FIGURES:
+            print("\ncluster faults (Apache Kafka, 3 nodes):")
+            for row in FIGURES:
+                print(f"  FIGURES {json.dumps(row)}")
+
+
+def restore(c: KafkaCluster) -> None:
+    """Every node thawed and running, all registered."""
+    for i, node in c.members.items():
+        c.thaw(i)
+        if not node.alive():
+            c.start_node(i)
+    c.wait_registered(list(c.members), 120)
+
+
+@pytest.fixture
+def healthy(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    restore(cluster)
+    yield cluster
+    restore(cluster)
+
+
+def admin(c: KafkaCluster) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=c.bootstrap_servers, request_timeout_ms=10000)
+
+
+def lead_all(c: KafkaCluster, node: int, topics: Sequence[str]) -> None:
+    """Make ``node`` the leader of every partition of ``topics``: it becomes the first (preferred) replica of
+    each (a reassignment to the same replicas in another order moves no data), then a preferred-leader election."""
+    a = admin(c)
+    try:
+        moves = {TopicPartition(d["name"], p["partition_index"]):
+                 [node, *(r for r in p["replica_nodes"] if r != node)]
+                 for d in a.describe_topics(list(topics)) for p in d["partitions"]}
+        a.alter_partition_reassignments(moves)
+        wait_for("the reassignment done", lambda: not a.list_partition_reassignments(), None, 60)
+        a.elect_leaders(0, {t: list(range(PARTITIONS)) for t in topics}, raise_errors=False)
+    finally:
+        a.close()
+    wait_for(f"node {node} leading {list(topics)}",
+             lambda: all(p["leader"] == node for t in topics for p in c.describe(t)), None, 60)
+
+
+def coordinator_of(c: KafkaCluster, group: str) -> int:
+    """The node coordinating consumer group ``group``."""
+    from confluent_kafka.admin import AdminClient
+    a = AdminClient({"bootstrap.servers": c.bootstrap_servers})
+    desc = a.describe_consumer_groups([group])[group].result(timeout=30)
+    return int(desc.coordinator.id)
+
+
+def topic_settings(c: KafkaCluster, topics: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """topic -> (replication factor, min.insync.replicas)."""
+    a = admin(c)
+    try:
+        rf = {d["name"]: len(d["partitions"][0]["replica_nodes"]) for d in a.describe_topics(list(topics))}
+        res = a.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])
+    finally:
+        a.close()
+    configs = res["topic"] if isinstance(res, dict) else {}
+    return {t: (rf[t], str(configs.get(t, {}).get("min.insync.replicas", {}).get("value"))) for t in topics}
+
+
+# ------------------------------------------------------------------------------------------------ one scenario
+def committed(bs: str, group: str, topic: str) -> dict[int, int]:
+    c = KafkaConsumer(bootstrap_servers=bs, group_id=group, enable_auto_commit=False, request_timeout_ms=5000)
+    try:
+        return {p: int(c.committed(TopicPartition(topic, p), timeout_ms=5000) or 0) for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
+class Replay(threading.Thread):
+    """All of ADULT into the input in acknowledged chunks (idempotent producer, ``acks=all``); before the records
+    past gate ``i`` it waits until fault ``i`` is injected (``release(i)``), then the end-of-stream markers."""
+
+    def __init__(self, bs: str, topic: str, rows: list[dict[str, Any]], gates: Sequence[int]) -> None:
+        super().__init__(name="replay", daemon=True)
+        self.bs, self.topic, self.rows, self.gates = bs, topic, rows, list(gates)
+        self.released = [threading.Event() for _ in gates]
+        self.sent = 0
+        self.counts: dict[int, int] = {}
+        self.failure: BaseException | None = None
+        self.done = threading.Event()
+
+    def release(self, i: int) -> None:
+        self.released[i].set()
+
+    def run(self) -> None:
+        producer = KafkaProducer(bootstrap_servers=self.bs, acks="all", enable_idempotence=True, linger_ms=5,
+                                 request_timeout_ms=10000, delivery_timeout_ms=300000)
+        try:
+            for i in range(0, len(self.rows), CHUNK):
+                for g, ev in zip(self.gates, self.released, strict=True):
+                    if i >= g:
+                        ev.wait(600)
+                stats = replay_records(self.rows[i:i + CHUNK], self.topic, self.bs, partitions=PARTITIONS,
+                                       create_topic=False, producer=producer, flush_timeout_s=300)
+                assert stats.errors == 0 and stats.records_acked == len(self.rows[i:i + CHUNK]), stats.summary()
+                self.sent += stats.records_acked
+                for p, n in stats.partition_counts.items():
+                    self.counts[p] = self.counts.get(p, 0) + n
+            send_flush_markers(producer, self.topic, list(range(PARTITIONS)))
+        except BaseException as e:  # reported by the test
+            self.failure = e
+        finally:
+            producer.close(timeout=30)
+            self.done.set()
+
+    def ends(self) -> dict[int, int]:
+        return {p: self.counts.get(p, 0) + 1 for p in range(PARTITIONS)}  # + one end-of-stream marker
+
+
+@dataclass
+class Scenario:
+    """One fault scenario: its own topics and groups, the service process(es), the replay, the figures."""
+
+    name: str
+    cluster: KafkaCluster
+    tmp_path: Path
+    rows: list[dict[str, Any]]
+    triggers: list[float]  # fractions of ADULT committed at which the faults happen
+    prefix: str = ""
+    services: list[ServiceProcess] = field(default_factory=list)
+    progress_s: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prefix = f"cf{self.name[:1]}{uuid.uuid4().hex[:6]}"
+        self.bs = self.cluster.bootstrap_servers
+        self.group, self.input = f"{self.prefix}-main", f"{self.prefix}.raw"
+        n = len(self.rows)
+        self.replay = Replay(self.bs, self.input, self.rows, [int(f * n) + AHEAD for f in self.triggers])
+
+    @property
+    def main_topics(self) -> list[str]:
+        return [self.input, f"{self.input}.ledger", *(f"{self.prefix}.{r}" for r in ("anon", "suppressed", "dlq"))]
+
+    @property
+    def side_topics(self) -> list[str]:
+        return [f"{self.prefix}.{r}" for r in ("krr", "rs", "blap", "estimates", "kmeans")] + \
+            [f"{self.input}.side-budget"]
+
+    @property
+    def service(self) -> ServiceProcess:
+        return self.services[-1]
+
+    def cmd(self) -> list[str]:
+        return [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--bootstrap-servers", self.bs,
+                *topic_flags(self.prefix), "--group-id", self.group, "--partitions", str(PARTITIONS), "--seed", "3",
+                "--metrics-port", "0", "--set", "service.side_metrics_port=0",
+                "--set", f"kafka.session_timeout_ms={SESSION_TIMEOUT_MS}", "--set", "kafka.max_poll_interval_ms=20000",
+                "--set", "kafka.request_timeout_ms=5000", "--set", "kafka.retry_backoff_max_seconds=2",
+                "--set", "kafka.startup_retry_seconds=120", "--set", "service.commit_interval_ms=250",
+                "--set", "service.producer_recovery_seconds=10", "--set", "kafka.max_poll_records=500"]
+        # every topic option is the service's default but the names: k, delta, l, t-closeness, replication
+
+    def start_service(self) -> ServiceProcess:
+        s = ServiceProcess(self.cmd(), self.tmp_path / f"service-{len(self.services)}.log")
+        self.services.append(s)
+        return s
+
+    def committed(self) -> dict[int, int]:
+        return committed(self.bs, self.group, self.input)
+
+    def committed_total(self) -> int:
+        try:
+            return sum(self.committed().values())
+        except Exception:  # a broker is down or electing: not yet
+            return -1
+
+    def start(self) -> None:
+        """The service up (main path assigned both partitions, side paths consuming), its topics in sync."""
+        s = self.start_service()
+        wait_for("the main path assigned both partitions and the side paths consuming",
+                 lambda: f"assigned partitions {list(range(PARTITIONS))}" in s.text()
+                 and "side paths: consuming" in s.text(), s, 180)
+        self.cluster.wait_in_sync(self.main_topics + self.side_topics, 120)
+        self.replay.start()
+
+    def before_fault(self, i: int) -> dict[int, int]:
+        """Wait until fault ``i``'s share of ADULT is committed; the committed offsets then."""
+        target = self.triggers[i] * len(self.rows)
+        wait_for(f"{self.triggers[i]:.0%} of ADULT committed", lambda: self.committed_total() >= target,
+                 self.service, 300)
+        assert self.replay.failure is None, self.replay.failure
+        return self.committed()
+
+    def progressed(self, before: dict[int, int], t0: float, what: str, service: ServiceProcess | None = None,
+                   also: Callable[[], bool] = lambda: True) -> float:
+        """Seconds from ``t0`` until every input partition's committed offset moved past ``before`` (and
+        ``also()``); recorded."""
+        def moved() -> bool:
+            try:
+                now = self.committed()
+            except Exception:
+                return False
+            return all(now[p] > before[p] for p in range(PARTITIONS)) and also()
+
+        wait_for(f"committed progress on every partition after {what}", moved, service or self.service, 300,
+                 interval=0.2)
+        took = time.monotonic() - t0
+        self.progress_s.append(round(took, 1))
+        return took
+
+    def finish(self) -> dict[str, Any]:
+        """The replay ended, both groups at the ends, the service stopped (exit 0); audit and every check.
+        Returns the figures."""
+        svc = self.service
+        wait_for("the replay done", self.replay.done.is_set, svc, 600)
+        assert self.replay.failure is None, self.replay.failure
+        ends = self.replay.ends()
+        side_group = f"{self.group}-ldp"
+
+        def at_ends() -> bool:
+            try:
+                return self.committed() == ends == committed(self.bs, side_group, self.input)
+            except Exception:
+                return False
+
+        wait_for(f"the main and side groups committed to {ends}", at_ends, svc, 300, interval=0.3)
+        for s in self.services[:-1]:
+            assert s.proc.poll() is not None  # only the killed ones ended
+        rc = svc.stop(timeout_s=90)
+        assert rc == 0, svc.text()[-5000:]
+        assert "Traceback" not in svc.text(), svc.text()[-5000:]
+        res = audit(self.bs, self.prefix)
+        assert res.returncode == 0 and OK_LINE in res.stdout, res.stdout + res.stderr
+        assert f"(total {len(self.rows) + PARTITIONS:,})" in res.stdout, res.stdout
+        return self.check(ends)
+
+    def check(self, ends: dict[int, int]) -> dict[str, Any]:
+        schema = adult_schema()
+        qis = [a.name for a in schema.qis]
+        snap = collect_outputs(self.bs, input_topic=self.input, anon=f"{self.prefix}.anon",
+                               suppressed=f"{self.prefix}.suppressed", dlq=f"{self.prefix}.dlq", qis=qis,
+                               sensitive=[a.name for a in schema.sensitive], input_ends=ends)
+        acc, out = snap.accounting, snap.records
+        lost = len(acc.missing) + sum(len(c.missing) for c in snap.published.values())
+        duplicated = len(acc.duplicates) + sum(len(c.duplicated) for c in snap.published.values())
+        records = out[out.outcome != "control"]
+        ids_twice = int(records.record_id.duplicated().sum())
+        released = records[records.outcome == "released"]
+        cfg = Config.load(env={}, overrides={"topics.input": self.input})
+        a = cfg.anonymization
+        req = a.requirement(schema)
+        assert req is not None and req.t is not None  # the default: l = 2 plus t-closeness
+        public = verify_release_frame(snap.public, qis, a.k, None, "income", record_id=None, schema=schema,
+                                      requirement=req, references=snap.references)
+        original = pd.DataFrame(self.rows)
+        coverage = verify_release_frame(released[["record_id", "class_id", *qis]].astype({"record_id": str}), qis,
+                                        a.k, schema=schema, original=original, original_id="id")
+        side = {}
+        for role in ("krr", "rs", "blap"):
+            keys = [m.key for m in read_topic_with_headers(self.bs, f"{self.prefix}.{role}", timeout_s=60)]
+            side[role] = (len(keys), len(keys) - len(set(keys)))
+        settings = topic_settings(self.cluster, self.main_topics + self.side_topics)
+        figures = {"scenario": self.name, "records_in": len(self.rows), "accounted": acc.accounted - snap.control,
+                   "lost": lost, "duplicated": duplicated + ids_twice,
+                   "anon_duplicated": len(snap.published["anon"].duplicated),
+                   "k_violations": len(public.violations), "classes": snap.classes, "released": len(released),
+                   "min_class": public.min_class_size, "progress_s": self.progress_s,
+                   "side_copies": {r: n for r, (n, _) in side.items()}, "services": len(self.services),
+                   "notes": self.notes}
+        FIGURES.append(figures)
+        print(f"\nFIGURES {json.dumps(figures)}")
+        assert all(v == (3, "2") for v in settings.values()), settings  # the service's topics: RF 3, min ISR 2
+        assert snap.ok, (acc.duplicates[:5], acc.missing[:5], snap.published, snap.problems[:5])
+        assert lost == 0 and duplicated == 0 and ids_twice == 0
+        assert len(records) == len(self.rows) and set(records.record_id) == {r["id"] for r in self.rows}
+        assert public.ok and public.min_class_size >= a.k and public.records == len(released), str(public)
+        assert coverage.ok, str(coverage)
+        assert all(twice == 0 for _, twice in side.values()), side  # at most once per record
+        return figures
+
+
+@pytest.fixture(scope="module")
+def adult(adult_path: Path) -> list[dict[str, Any]]:
+    return adult_rows(read_adult(adult_path))
+
+
+# ------------------------------------------------------------------------------------------------ the scenarios
+@pytest.mark.timeout(900)
+def test_a_leader_of_everything_killed_three_times_mid_replay(healthy: KafkaCluster, adult: list[dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    sc = Scenario("a-leader-kill-x3", healthy, tmp_path, adult, [0.15, 0.4, 0.65])
+    sc.start()
+    for i, victim in enumerate((1, 2, 3)):
+        lead_all(healthy, victim, sc.main_topics)
+        before = sc.before_fault(i)
+        assert all(p["leader"] == victim for t in sc.main_topics for p in healthy.describe(t))
+        healthy.kill(victim)
+        t0 = time.monotonic()
+        sc.replay.release(i)
+        took = sc.progressed(before, t0, f"kill -9 of node {victim}")
+        up = healthy.start_node(victim)
+        healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
+        sc.notes.append(f"node {victim}: progress {took:.1f} s after the kill, restarted in {up:.1f} s")
+        sc.service.assert_alive()
+    sc.finish()
+
+
+@pytest.mark.timeout(900)
+def test_a_rolling_restart_of_all_three_brokers_during_the_replay(healthy: KafkaCluster,
+                                                                 adult: list[dict[str, Any]], tmp_path: Path) -> None:
+    sc = Scenario("b-rolling-restart", healthy, tmp_path, adult, [0.15, 0.4, 0.65])
+    sc.start()
+    for i, node in enumerate((1, 2, 3)):
+        before = sc.before_fault(i)
+        t0 = time.monotonic()
+        healthy.stop_node(node)  # SIGTERM: controlled shutdown (its leaderships move first)
+        down = time.monotonic() - t0
+        sc.replay.release(i)
+        up = healthy.start_node(node)
+        took = sc.progressed(before, t0, f"the restart of node {node}")
+        healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
+        sc.notes.append(f"node {node}: stopped in {down:.1f} s, up {up:.1f} s later, progress {took:.1f} s after "
+                        f"the stop")
+        sc.service.assert_alive()
+    sc.finish()
+
+
+@pytest.mark.timeout(900)
+def test_one_broker_down_longer_than_the_session_timeout(healthy: KafkaCluster, adult: list[dict[str, Any]],
+                                                         tmp_path: Path) -> None:
+    sc = Scenario("c-down-past-session-timeout", healthy, tmp_path, adult, [0.3])
+    sc.start()
+    victim = coordinator_of(healthy, sc.group)
+    lead_all(healthy, victim, sc.main_topics)
+    before = sc.before_fault(0)
+    min_down = 2 * SESSION_TIMEOUT_MS / 1000
+    healthy.freeze(victim)
+    t0 = time.monotonic()
+    try:
+        sc.replay.release(0)
+        took = sc.progressed(before, t0, f"node {victim} (coordinator and leader) frozen")
+        # still down past twice the session timeout: the group's sessions on it expired; progress again
+        wait_for("twice the session timeout down", lambda: time.monotonic() - t0 >= min_down, sc.service, 60)
+        again = sc.committed()
+        t1 = time.monotonic()
+        later = sc.progressed(again, t1, f"node {victim} down for {min_down:g} s")
+        down = time.monotonic() - t0
+    finally:
+        healthy.thaw(victim)
+    healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
+    sc.notes.append(f"node {victim} (coordinator of {sc.group}, leader of the main topics) frozen {down:.1f} s "
+                    f"(session timeout {SESSION_TIMEOUT_MS / 1000:g} s): progress {took:.1f} s after the freeze and "
+                    f"again {later:.1f} s after {min_down:g} s down")
+    sc.finish()
+
+
+@pytest.mark.timeout(900)
+def test_the_service_killed_during_a_leader_election(healthy: KafkaCluster, adult: list[dict[str, Any]],
+                                                     tmp_path: Path) -> None:
+    sc = Scenario("d-service-kill-in-election", healthy, tmp_path, adult, [0.25, 0.55])
+    sc.start()
+    # 1. the leader of every main-path partition and the service, both kill -9 at once; a new service at once
+    victim = 1
+    lead_all(healthy, victim, sc.main_topics)
+    before = sc.before_fault(0)
+    healthy.kill(victim)
+    sc.service.kill()
+    t0 = time.monotonic()
+    leaders = {p["leader"] for t in sc.main_topics for p in healthy.describe(t)}
+    sc.start_service()
+    sc.replay.release(0)
+    took = sc.progressed(before, t0, "kill -9 of the service and of the leader")
+    up = healthy.start_node(victim)
+    healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
+    sc.notes.append(f"service + leader node {victim} killed (leaders right after: {sorted(leaders)}); progress "
+                    f"{took:.1f} s later; node back in {up:.1f} s")
+    # 2. a preferred-leader election of every main-path partition to node 3, the service killed while it runs
+    lead_all(healthy, 2, sc.main_topics)
+    before = sc.before_fault(1)
+    failed: list[BaseException] = []
+
+    def elect() -> None:
+        try:
+            lead_all(healthy, 3, sc.main_topics)
+        except BaseException as e:  # reported below
+            failed.append(e)
+
+    election = threading.Thread(target=elect, daemon=True)
+    election.start()
+    sc.service.kill()
+    t0 = time.monotonic()
+    sc.start_service()
+    sc.replay.release(1)
+    election.join(120)
+    assert not election.is_alive() and not failed, failed
+    took = sc.progressed(before, t0, "kill -9 of the service during a preferred-leader election")
+    sc.notes.append(f"service killed during the election 2 -> 3; progress {took:.1f} s later")
+    sc.finish()
