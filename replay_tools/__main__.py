@@ -124,7 +124,7 @@ def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
         print(stats.interrupted_summary(), file=sys.stderr)
         return 128 + signal.Signals[stats.interrupted].value
     print(stats.summary())
-    return 0 if stats.errors == 0 and stats.records_acked == stats.records_sent else 1
+    return 0 if stats.complete else 1
 
 
 def _cmd_udp(args: argparse.Namespace, interrupts: InterruptGuard) -> int:

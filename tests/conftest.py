@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from stream_anon.kafka_io.broker import EmbeddedBroker, S3rverNotFoundError, find_s3rver, node_binary
+from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 
-pytest_plugins = ["apache_kafka_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
+pytest_plugins = ["apache_kafka_support", "reliability_support"]  # Apache Kafka fixtures: apache_kafka, kafka_cluster, any_broker (issue 17)
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +108,9 @@ def _refuse_processes_in_unmarked_tests(event: str, args: tuple[Any, ...]) -> No
 
 
 sys.addaudithook(_refuse_processes_in_unmarked_tests)
+
+
+@pytest.fixture(params=CONSUMER_CLIENTS)
+def consumer_client(request: pytest.FixtureRequest) -> str:
+    """``kafka.consumer_client`` for a test that runs with each client library (same assertions)."""
+    return str(request.param)

@@ -269,3 +269,83 @@ def test_a_custom_schema_csv_goes_through_the_service_and_the_flush_releases_it_
     assert sorted(accounted) == [f"P{i:04d}" for i in range(40)]
     assert list(accounted.values()).count("anon") >= 30
     assert _messages(broker.bootstrap_servers, topics["dlq"], idle_s=0.3) == []  # nothing dead-lettered
+
+
+class _Acked:
+    """A delivery report as a replay callback sees it (``offset`` -1: "acknowledged" without an offset)."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self.partition, self.offset = partition, offset
+
+
+class _Future:
+    """kafka-python's future interface (``add_callback`` / ``add_errback`` with extra arguments), resolved later."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+
+    def add_callback(self, fn: Any, *args: Any) -> _Future:
+        self.callbacks.append((fn, args))
+        return self
+
+    def add_errback(self, fn: Any, *args: Any) -> _Future:
+        return self
+
+    def resolve(self, md: Any) -> None:
+        for fn, args in self.callbacks:
+            fn(*args, md)
+
+
+class DuplicateSequenceProducer:
+    """A real producer whose answers for every 10th record are what Tansu's durable storage gives an idempotent
+    producer across a broker ``kill -9`` (docs/tansu.md): "acknowledged" with offset -1; half of those records were
+    never stored (dropped here), the other half were (true duplicates)."""
+
+    def __init__(self, bs: str) -> None:
+        from kafka import KafkaProducer
+        self.inner = KafkaProducer(bootstrap_servers=bs, acks="all")
+        self.config = self.inner.config  # (where the replay reads back from)
+        self.n = 0
+        self.dropped = 0
+        self.pending: list[tuple[_Future, Any, bool]] = []
+
+    def send(self, topic: str, key: bytes | None = None, value: bytes | None = None) -> _Future:
+        self.n += 1
+        fut = _Future()
+        if self.n % 20 == 0:  # "acknowledged" with -1, never stored
+            self.dropped += 1
+            self.pending.append((fut, None, True))
+        else:
+            self.pending.append((fut, self.inner.send(topic, key=key, value=value), self.n % 20 == 10))
+        return fut
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.inner.flush(timeout)
+        for fut, inner, unconfirmed in self.pending:
+            md = inner.get(timeout=30) if inner is not None else None
+            fut.resolve(_Acked(md.partition if md else 0, -1 if unconfirmed else md.offset))
+        self.pending.clear()
+
+    def partitions_for(self, topic: str) -> Any:
+        return self.inner.partitions_for(topic)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.inner.close(timeout=timeout)
+
+
+def test_acknowledgements_without_an_offset_are_not_counted_as_stored_and_are_read_back(broker, adult_records) -> None:
+    """Issue 18 item 6: the replay printed "32,561 sent, 0 errors" where 32,549 were stored (14 acknowledged with
+    offset -1, unchecked).  Now an acknowledgement without an offset is not an acknowledgement, and the replay reads
+    back what the broker holds of those records."""
+    topic = _topic("dupseq")
+    ensure_topic(broker.bootstrap_servers, topic, 2)
+    producer = DuplicateSequenceProducer(broker.bootstrap_servers)
+    stats = replay_records(adult_records[:600], topic, broker.bootstrap_servers, producer=producer, partitions=2)
+    producer.close()
+    held = len(read_topic(broker.bootstrap_servers, topic))
+    assert held == 600 - producer.dropped == 570
+    assert stats.records_sent == 600 and stats.unconfirmed == 60 and stats.records_acked == 540
+    assert stats.stored == held and not stats.complete  # 30 acknowledged "without an offset" are not there
+    assert "60 acknowledged without an offset (maybe not stored)" in stats.summary()
+    assert "read back: the broker holds 570 of the 600 records sent" in stats.summary()
+    assert stats.summary().startswith("replayed 570 records")

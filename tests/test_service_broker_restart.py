@@ -187,7 +187,7 @@ def test_durable_broker_kill_9_three_times_with_the_service_running(durable_brok
     group, topic = f"{prefix}-main", f"{prefix}.raw"
     adult, rows = adult_rows(adult_path, RECORDS)
     ends = preload(bs, topic, rows)
-    service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}")),
+    service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}", "--set", f"kafka.consumer_client={client}")),
                       tmp_path / "service.log")
     wait_for(lambda: "main path: consuming" in service.text(), 120, "service up", alive=service.assert_alive,
              context=service.text)
@@ -209,7 +209,7 @@ def test_durable_broker_kill_9_three_times_with_the_service_running(durable_brok
     assert not OWN_FRAME.search(text), text[-5000:]
     snap = check_exactly_once(bs, prefix, ends, adult)
     recreated = text.count("producers created anew")
-    print(f"\ndurable broker kill -9 x3 with the service running ({client} producer): {len(snap.records)} records "
+    print(f"\ndurable broker kill -9 x3 with the service running ({client} producer and consumer): {len(snap.records)} records "
           f"accounted once; restarts at committed {[f[0] for f in figures]}: broker up in "
           f"{[round(f[1], 2) for f in figures]} s, committed progress again after {[round(f[2], 1) for f in figures]} "
           f"s; producers recreated {recreated} time(s); outputs re-sent by recoveries {resent(text)}")
@@ -227,7 +227,7 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
     adult, rows = adult_rows(adult_path, RECORDS)
     ends = preload(bs, topic, rows)
     figures = []
-    extra = ("--set", f"kafka.producer_client={client}")
+    extra = ("--set", f"kafka.producer_client={client}", "--set", f"kafka.consumer_client={client}")
     for n, fraction in enumerate((0.3, 0.7)):
         service = Service(service_cmd(bs, prefix, group, extra), tmp_path / f"service-{n}.log")
         wait_for(lambda f=fraction: committed_total(bs, group, topic) >= f * len(rows), 240,
@@ -247,7 +247,7 @@ def test_durable_broker_and_service_both_killed_then_restarted(durable_broker: E
     assert stop(service) == 0, service.text()[-5000:]
     assert not OWN_FRAME.search(service.text())
     snap = check_exactly_once(bs, prefix, ends, adult)
-    print(f"\ndurable broker + service kill -9 x2 ({client} producer): {len(snap.records)} records accounted once; killed at committed "
+    print(f"\ndurable broker + service kill -9 x2 ({client} producer and consumer): {len(snap.records)} records accounted once; killed at committed "
           f"{figures}; the last start committed progress after {resumed:.1f} s; outputs re-sent by recoveries "
           f"{sum(resent(p.read_text()) for p in tmp_path.glob('service-*.log'))}")
 
@@ -263,7 +263,7 @@ def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: P
     with EmbeddedBroker(log_path=tmp_path / "tansu.log") as broker:
         bs = broker.bootstrap_servers
         replay_records(rows, topic, bs, partitions=PARTITIONS)  # no end marker: some records stay buffered
-        service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}")),
+        service = Service(service_cmd(bs, prefix, group, ("--set", f"kafka.producer_client={client}", "--set", f"kafka.consumer_client={client}")),
                           tmp_path / "service.log")
         wait_for(lambda: committed_total(bs, group, topic) >= 1000, 120, "records committed",
                  alive=service.assert_alive, context=service.text)
@@ -283,7 +283,7 @@ def test_memory_broker_restart_is_detected_and_the_service_exits_4(adult_path: P
             name = f"{prefix}.{role}"
             admin_view = read_topic_if_exists(bs, name)
             assert admin_view == 0, f"{admin_view} message(s) published on {name} after the data loss"
-    print(f"\nmemory broker restart ({client} producer): the service exited {EXIT_DATA_LOSS} {detected:.1f} s after the restart: "
+    print(f"\nmemory broker restart ({client} producer and consumer): the service exited {EXIT_DATA_LOSS} {detected:.1f} s after the restart: "
           f"{lines[0].split(' ERROR ')[-1][:300]}")
 
 

@@ -15,7 +15,7 @@ from kafka.structs import OffsetAndMetadata
 
 from stream_anon.kafka_io.errors import CommitFailedError, ConsumerFailedError
 from stream_anon.kafka_io.poller import FailingPolls, GroupPoller
-from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX, ProducerFailurePolicy, failure_window
+from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX, ProducerFailurePolicy
 from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
 
@@ -24,38 +24,34 @@ TOPIC = "in.raw"
 
 # ---------------------------------------------------------------------------------------------- failure policy
 def test_more_than_the_maximum_failures_in_a_row_while_the_broker_answers_exhaust_the_policy() -> None:
-    policy = ProducerFailurePolicy(window_s=100.0)
+    policy = ProducerFailurePolicy()
     for i in range(PRODUCER_RECREATIONS_MAX):
-        assert policy.failed(now=float(i), progress=0, broker_answered=True) == i + 1
+        assert policy.failed(progress=0, broker_answered=True) == i + 1
         assert not policy.exhausted
-    policy.failed(now=10.0, progress=0, broker_answered=True)
+    policy.failed(progress=0, broker_answered=True)
     assert policy.exhausted and policy.in_row == PRODUCER_RECREATIONS_MAX + 1
 
 
 def test_progress_after_a_failure_starts_a_new_row() -> None:
-    policy = ProducerFailurePolicy(window_s=100.0, max_failures=2)
-    policy.failed(now=0.0, progress=5, broker_answered=True)
-    policy.failed(now=1.0, progress=5, broker_answered=True)
-    assert policy.failed(now=2.0, progress=6, broker_answered=True) == 1  # a commit made progress meanwhile
+    policy = ProducerFailurePolicy(max_failures=2)
+    policy.failed(progress=5, broker_answered=True)
+    policy.failed(progress=5, broker_answered=True)
+    assert policy.failed(progress=6, broker_answered=True) == 1  # a commit made progress meanwhile
     assert not policy.exhausted
-    policy.failed(now=3.0, progress=6, broker_answered=True)
-    policy.failed(now=4.0, progress=6, broker_answered=True)
+    policy.failed(progress=6, broker_answered=True)
+    policy.failed(progress=6, broker_answered=True)
     assert policy.exhausted
 
 
-def test_failures_while_the_broker_is_silent_or_outside_the_window_do_not_count() -> None:
-    policy = ProducerFailurePolicy(window_s=10.0, max_failures=1)
-    for t in range(5):
-        assert policy.failed(now=float(t), progress=0, broker_answered=False) == 0  # an outage is not the client's
-    assert policy.failed(now=5.0, progress=0, broker_answered=True) == 1
-    assert policy.failed(now=16.0, progress=0, broker_answered=True) == 1  # the one at 5 s left the window
+def test_failures_while_the_broker_is_silent_do_not_count_and_slow_ones_do() -> None:
+    """Issue 18: failures 62 s apart (a producer stuck for the 60 s bound, again and again) never fitted the old
+    180 s window: the service recreated its producers every minute forever.  The row has no time window."""
+    policy = ProducerFailurePolicy(max_failures=1)
+    for _ in range(5):
+        assert policy.failed(progress=0, broker_answered=False) == 0  # an outage is not the client's
+    assert policy.failed(progress=0, broker_answered=True) == 1
     assert not policy.exhausted
-    assert policy.failed(now=17.0, progress=0, broker_answered=True) == 2 and policy.exhausted
-
-
-def test_the_window_is_three_recovery_bounds_and_at_least_a_minute() -> None:
-    assert failure_window(60.0) == 180.0
-    assert failure_window(1.5) == 60.0
+    assert policy.failed(progress=0, broker_answered=True) == 2 and policy.exhausted  # however long after
 
 
 # ---------------------------------------------------------------------------------------------- partition table
@@ -158,7 +154,7 @@ class Reader:
 def test_the_poller_returns_its_topics_records_by_partition() -> None:
     c = Consumer([{TopicPartition(TOPIC, 1): [Record(3)], TopicPartition("other", 0): [Record(1)]}])
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader(set()))  # type: ignore[arg-type]
-    batch = poller.poll(0, lambda p, o, e: True)
+    batch = poller.poll(0, lambda p, o, r, e: True)
     assert list(batch) == [1] and batch[1][0].offset == 3
 
 
@@ -167,19 +163,19 @@ def test_an_unreadable_record_is_handed_to_the_caller_and_skipped() -> None:
     c = Consumer([CorruptRecordError("bad header key"), CorruptRecordError("elsewhere")], {0: 4, 1: 7})
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: reader)  # type: ignore[arg-type]
     taken: list[tuple[int, int, str]] = []
-    assert poller.poll(0, lambda p, o, e: taken.append((p, o, e)) is None) == {}
+    assert poller.poll(0, lambda p, o, r, e: taken.append((p, o, e)) is None) == {}
     assert [(p, o) for p, o, _ in taken] == [(1, 7)] and taken[0][2].endswith("CorruptRecordError: bad header key")
     assert c.seeks == [(TopicPartition(TOPIC, 1), 8)]  # past it
     assert reader.closed
     reader.unreadable.clear()  # nothing unreadable found: the error is raised
     with pytest.raises(CorruptRecordError):
-        poller.poll(0, lambda p, o, e: True)
+        poller.poll(0, lambda p, o, r, e: True)
 
 
 def test_a_record_the_caller_does_not_take_is_not_skipped() -> None:
     c = Consumer([CorruptRecordError("x")], {0: 2})
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader({(0, 2)}))  # type: ignore[arg-type]
-    poller.poll(0, lambda p, o, e: False)
+    poller.poll(0, lambda p, o, r, e: False)
     assert c.seeks == []
 
 
@@ -189,17 +185,17 @@ def test_failing_polls_end_the_run_only_while_the_broker_answers() -> None:
     c = Consumer([*fenced, {}])
     poller = GroupPoller(c, TOPIC, max_records=10, reader=lambda: Reader(set()),  # type: ignore[arg-type]
                          failures=FailingPolls(0.0, lambda: answers[0], pause_s=0.0))
-    assert poller.poll(0, lambda p, o, e: True) == {}  # first failure: within the bound
-    assert poller.poll(0, lambda p, o, e: True) == {}  # over the bound, but the broker does not answer
+    assert poller.poll(0, lambda p, o, r, e: True) == {}  # first failure: within the bound
+    assert poller.poll(0, lambda p, o, r, e: True) == {}  # over the bound, but the broker does not answer
     answers[0] = True
     with pytest.raises(ConsumerFailedError, match="polls failed for"):
-        poller.poll(0, lambda p, o, e: True)
-    assert poller.poll(0, lambda p, o, e: True) == {} and poller.failures is not None
+        poller.poll(0, lambda p, o, r, e: True)
+    assert poller.poll(0, lambda p, o, r, e: True) == {} and poller.failures is not None
     assert poller.failures.failing_since is None  # a good poll ends the row
     no_policy = GroupPoller(Consumer([FencedInstanceIdError("f")]), TOPIC, max_records=1,  # type: ignore[arg-type]
                             reader=lambda: Reader(set()))
     with pytest.raises(FencedInstanceIdError):
-        no_policy.poll(0, lambda p, o, e: True)
+        no_policy.poll(0, lambda p, o, r, e: True)
 
 
 def test_what_a_rebalance_callback_raises_is_raised_after_the_poll() -> None:
@@ -214,7 +210,7 @@ def test_what_a_rebalance_callback_raises_is_raised_after_the_poll() -> None:
     poller.subscribe(on_assigned=lambda ps: None, on_revoked=on_revoked)
     c.script.append(lambda: c.listener.on_partitions_revoked({TopicPartition(TOPIC, 1), TopicPartition("x", 0)}))
     with pytest.raises(RuntimeError, match="revoke failed"):
-        poller.poll(0, lambda p, o, e: True)
+        poller.poll(0, lambda p, o, r, e: True)
     assert revoked == [[1]]
 
 

@@ -90,7 +90,7 @@ def test_wiring_gives_gate_and_class_message_the_model() -> None:
     for m in members:
         entries.observe(m)
     gen = {a.name: (f"[{a.lo:.0f}-{a.hi:.0f}]" if a.kind.value == "numeric" else "*") for a in schema.qis}
-    entry, verdict = entries.released_class(offsets=list(range(10)), record_ids=list(range(10)), members=members,
+    [entry], verdict = entries.released_class(offsets=list(range(10)), record_ids=list(range(10)), members=members,
                                             generalized=gen, size=10, loss=1.0, horizon=9)
     assert verdict is not None and verdict.ok and entry.kind == "class"
     c = decode_class_message(entry.outputs[0].value)

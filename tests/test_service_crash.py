@@ -67,7 +67,8 @@ def snapshot(bs: str, prefix: str, input_ends: dict[int, int] | None = None) -> 
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Path, tmp_path: Path) -> None:
+def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Path, tmp_path: Path,
+                                                        consumer_client: str) -> None:
     bs = broker.bootstrap_servers
     prefix = f"crash{uuid.uuid4().hex[:6]}"
     group = f"{prefix}-main"
@@ -97,7 +98,8 @@ def test_kill_9_and_restart_loses_and_duplicates_nothing(broker, adult_path: Pat
     def start(n: int) -> subprocess.Popen[bytes]:
         log = tmp_path / f"service-{n}.log"
         logs.append(log)
-        return subprocess.Popen(service_cmd(bs, prefix, group), stdout=open(log, "wb"),  # noqa: SIM115
+        return subprocess.Popen(service_cmd(bs, prefix, group, ("--set", f"kafka.consumer_client={consumer_client}")),
+                                stdout=open(log, "wb"),  # noqa: SIM115
                                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     for n, (mode, value) in enumerate(schedule):

@@ -21,12 +21,13 @@ from stream_anon.kafka_io.broker import free_port
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_demo_on_full_adult(adult_path: Path, tmp_path: Path) -> None:
+def test_demo_on_full_adult(adult_path: Path, tmp_path: Path, consumer_client: str) -> None:
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "stream_anon", "demo", "--adult", str(adult_path), "--run-dir",
                           str(run_dir), "--metrics-port", str(free_port()), "--set",
-                          f"service.side_metrics_port={free_port()}", "--seed", "5"],
+                          f"service.side_metrics_port={free_port()}", "--seed", "5", "--set",
+                          f"kafka.consumer_client={consumer_client}"],
                          capture_output=True, text=True, timeout=230)
     elapsed = time.monotonic() - t0
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

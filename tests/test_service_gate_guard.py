@@ -6,8 +6,9 @@
 * An engine that throws on some records: each is dead-lettered as ``internal_error`` (the exception's last line
   in the log), ``stream_anon_internal_errors_total`` counts them, the partition goes on, every input is accounted.
 * A record whose header key is not UTF-8 (kafka-python raises ``CorruptRecordError`` inside ``poll()`` and would
-  spin on it forever): dead-lettered as ``corrupt_record`` by position, the loop seeks past it and goes on; a
-  control header on a record with a value is dead-lettered, not taken as a flush.
+  spin on it forever; confluent-kafka cannot convert its headers): dead-lettered as ``corrupt_record`` by position,
+  the loop moves past it and goes on (with either consumer client); a control header on a record with a value is
+  dead-lettered, not taken as a flush.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from stream_anon.service.wiring import load_schema
 K = 5
 
 
-def config(bs: str, prefix: str) -> Config:
-    return hermetic_config(bs, {
+def config(bs: str, prefix: str, consumer_client: str = "confluent-kafka") -> Config:
+    return hermetic_config(bs, {"kafka.consumer_client": consumer_client,
         "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "topics.input": f"{prefix}.raw", "topics.anon": f"{prefix}.anon", "topics.suppressed": f"{prefix}.suppressed",
         "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2, "anonymization.k": K, "anonymization.delta": 100,
@@ -181,9 +182,11 @@ class RawKey(str):
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_an_unreadable_record_is_dead_lettered_by_position_and_skipped(broker: Any, adult_path: Path) -> None:
+@pytest.mark.parametrize("consumer_client", ["confluent-kafka", "kafka-python"])
+def test_an_unreadable_record_is_dead_lettered_by_position_and_skipped(broker: Any, adult_path: Path,
+                                                                       consumer_client: str) -> None:
     bs = broker.bootstrap_servers
-    cfg = config(bs, f"corrupt{uuid.uuid4().hex[:6]}")
+    cfg = config(bs, f"corrupt{uuid.uuid4().hex[:6]}", consumer_client)
     topic = cfg.topics.input
     recs = [r for _, r in zip(range(400), iter_adult_records(adult_path), strict=False)]
     sent: dict[int, list[str]] = {0: [], 1: []}  # per partition: what each offset is
@@ -199,7 +202,7 @@ def test_an_unreadable_record_is_dead_lettered_by_position_and_skipped(broker: A
                 producer.flush()
                 send(p, b'{"x": 1}', "corrupt", [(RawKey(b"\xff\xfe"), b"1")])
                 producer.flush()
-            if i == 251:  # first of a producer batch: the rest of that batch cannot be read either
+            if i == 251:  # first of a producer batch: kafka-python cannot read the rest of that batch either
                 producer.flush()
                 batcher = KafkaProducer(bootstrap_servers=bs, linger_ms=500)
                 batcher.send(topic, value=b'{"x": 2}', partition=p, headers=[(RawKey(b"\xc3\x28"), b"1")])
@@ -207,7 +210,7 @@ def test_an_unreadable_record_is_dead_lettered_by_position_and_skipped(broker: A
                     batcher.send(topic, value=json.dumps(recs[j]).encode(), partition=p)
                 batcher.flush()
                 batcher.close()
-                sent[p].extend(["corrupt"] * 4)
+                sent[p].extend(["corrupt"] * 4 if consumer_client == "kafka-python" else ["corrupt"] + ["record"] * 3)
             if i == 300:
                 send(p, json.dumps(r).encode(), "control_on_record", [(CONTROL_HEADER, b"flush")])
                 continue

@@ -1,4 +1,4 @@
-"""Liveness that tells the truth, through the real ``stream-anon run`` process (issue 12, item 6).
+"""Liveness that tells the truth, through the real ``stream-anon run`` process (issue 12, item 6; issue 18 item 5).
 
 The main loop is frozen with records waiting: its pipeline worker is stopped (SIGSTOP), so the loop blocks waiting
 for the worker's results (backpressure) while more input arrives.  ``/healthz`` on the metrics port must turn 503,
@@ -6,6 +6,11 @@ for the worker's results (backpressure) while more input arrives.  ``/healthz`` 
 ``stream_anon_seconds_since_progress`` must grow, and a real Prometheus server scraping the service must fire
 ``StreamAnonStalled`` (the rule of deploy/prometheus/rules.yml with its thresholds scaled down); once the worker
 resumes, all of them recover.
+
+The broker is frozen (SIGSTOP, 20 s) with records waiting: ``stream_anon_seconds_since_progress`` and
+``stream_anon_broker_unanswered_seconds`` must keep growing (before issue 18 the progress gauge stayed 0 and the lag
+froze), ``/healthz`` must turn 503 naming the silent broker, and Prometheus must fire ``StreamAnonStalled``; after
+SIGCONT all of them recover.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -78,7 +84,8 @@ def scrape(port: int) -> dict[str, float]:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out = {}
     for line in body.splitlines():
-        m = re.match(r"^(stream_anon_(?:consumer_lag|seconds_since_progress)\S*) (\S+)$", line)
+        m = re.match(r"^(stream_anon_(?:consumer_lag|seconds_since_progress|broker_unanswered_seconds)\S*) (\S+)$",
+                     line)
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
@@ -151,3 +158,92 @@ def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(brok
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def unanswered(port: int) -> float:
+    return scrape(port).get("stream_anon_broker_unanswered_seconds", -1.0)
+
+
+FREEZE_SECONDS = 20.0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(own_broker: Any, adult_path: Path,
+                                                                 tmp_path: Path) -> None:
+    from reliability_support import record_figures
+
+    port = free_port()
+    records = adult_records(adult_path, 20000)
+    broker = own_broker
+    if True:
+        bs = broker.bootstrap_servers
+        log = tmp_path / "run.log"
+        cmd = [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--bootstrap-servers", bs,
+               "--no-side-paths", "--metrics-port", str(port), "--set", "kafka.session_timeout_ms=6000",
+               "--set", "kafka.request_timeout_ms=5000", "--set", f"service.healthz_stall_seconds={STALL_SECONDS}"]
+        proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        prometheus, prom = start_prometheus(tmp_path, port)
+        try:
+            wait_for("partitions assigned", lambda: "assigned partitions" in log.read_text(), 120, log)
+            replay_records(records[:2000], "adult.raw", bs)
+            wait_for("caught up", lambda: "partition 0: starting at offset" in log.read_text() and lag(port) == 0
+                     and since_progress(port) == 0 and unanswered(port) == 0, 60, log)
+            replay_records(records[2000:], "adult.raw", bs)  # a backlog the service is working through
+            broker.freeze()
+            t0 = time.monotonic()
+            seen: list[tuple[float, float, float, int]] = []  # (t, since progress, unanswered, /healthz)
+            while time.monotonic() - t0 < FREEZE_SECONDS:
+                seen.append((time.monotonic() - t0, since_progress(port), unanswered(port), healthz(port)[0]))
+                time.sleep(1.0)
+            status, body = healthz(port)
+            alerts = alert_states(prom)
+            broker.thaw()
+            # while frozen: both gauges kept growing (read when scraped), /healthz said why, the alert fired
+            late = [x for x in seen if x[0] > FREEZE_SECONDS / 2]
+            assert late and all(b[1] > a[1] and b[2] > a[2] for a, b in zip(late, late[1:], strict=False)), seen
+            assert seen[-1][1] >= FREEZE_SECONDS / 2 and seen[-1][2] >= FREEZE_SECONDS / 2, seen
+            assert status == 503 and "the broker has not answered for" in body, body
+            assert "firing" in alerts, (alerts, seen)
+            t_thaw = time.monotonic()
+            wait_for("/healthz 200 again", lambda: healthz(port)[0] == 200, 60, log)
+            wait_for("drained: lag 0, no stall, broker answering", lambda: lag(port) == 0 and since_progress(port) == 0
+                     and unanswered(port) == 0, 180, log)
+            recovered = time.monotonic() - t_thaw
+            wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
+            # and nothing was lost or published twice across the freeze (end markers, drained, from the ledger)
+            from kafka import KafkaProducer
+            from reliability_support import outcome
+
+            from stream_anon.service.audit import partition_ends, send_flush_markers
+            producer = KafkaProducer(bootstrap_servers=bs)
+            send_flush_markers(producer, "adult.raw", [0])
+            producer.close()
+            ends = partition_ends(bs, "adult.raw")
+            wait_for("end markers accounted", lambda: lag(port) == 0 and since_progress(port) == 0
+                     and "control 1" in outcome_line(bs, ends), 180, log)
+            got = outcome(bs, "adult", ends, k=10, l=2)
+            assert (got["lost"], got["duplicated"], got["k_violations"]) == (0, 0, 0), got
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+            assert "Traceback" not in log.read_text()
+            print(f"\nbroker frozen {FREEZE_SECONDS:.0f} s: since progress {seen[-1][1]:.0f} s, unanswered "
+                  f"{seen[-1][2]:.0f} s, /healthz '{body.strip()}', alert firing; drained {recovered:.1f} s after")
+            record_figures("broker frozen 20 s (liveness)", broker.name, records_in=len(records), lost=got["lost"],
+                           duplicated=got["duplicated"], k_violations=got["k_violations"], recover_s=round(recovered, 1),
+                           since_progress_at_thaw=round(seen[-1][1]), unanswered_at_thaw=round(seen[-1][2]))
+        finally:
+            prometheus.terminate()
+            prometheus.wait(30)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def outcome_line(bs: str, ends: dict[int, int]) -> str:
+    """The outcomes line of an audit of the default topics (e.g. "control 1" once the end marker is accounted)."""
+    from stream_anon.service.audit import audit_lines, collect_outputs
+    snap = collect_outputs(bs, input_topic="adult.raw", anon="adult.anon", suppressed="adult.suppressed",
+                           dlq="adult.dlq", qis=[], sensitive=[], input_ends=ends, timeout_s=20)
+    return audit_lines(snap)[1]

@@ -30,6 +30,7 @@ from waiting import Deadline, wait_for
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
+from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 from stream_anon.service.audit import collect_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +65,9 @@ POISON: dict[str, tuple[Any, list[tuple[Any, bytes]], str | None]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def service(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module", params=CONSUMER_CLIENTS)
+def service(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     prefix = f"poison{uuid.uuid4().hex[:6]}"
     topics = {"input": f"{prefix}.raw", "anon": f"{prefix}.anon", "suppressed": f"{prefix}.suppressed",
               "dlq": f"{prefix}.dlq"}
@@ -78,7 +80,7 @@ def service(broker: Any, adult_path: Path, tmp_path_factory: pytest.TempPathFact
             [sys.executable, "-m", "stream_anon", "run", "--bootstrap-servers", broker.bootstrap_servers,
              "--input-topic", topics["input"], "--group-id", group, "--partitions", "1", "--k", "5",
              "--delta", "50", "--metrics-port", "0", "--set", "service.side_metrics_port=0",
-             "--set", "kafka.session_timeout_ms=6000",
+             "--set", "kafka.session_timeout_ms=6000", "--set", f"kafka.consumer_client={request.param}",
              *[a for role in ("anon", "suppressed", "dlq") for a in ("--set", f"topics.{role}={topics[role]}")],
              *[a for role, name in sides.items() for a in ("--set", f"topics.{role}={name}")]],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

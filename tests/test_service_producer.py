@@ -156,6 +156,36 @@ def test_deliveries_that_keep_failing_are_stuck_after_the_bound() -> None:
     assert client.attempts >= 2  # sent, then re-sent at least once before giving up
 
 
+def test_a_stop_cuts_a_long_retry_backoff_short() -> None:
+    """Issue 18 item 4: a flush waiting out its re-send backoff (up to ``kafka.retry_backoff_max_seconds``, 30 s by
+    default) ended only after the whole sleep (a stop took 31 s); now the stop ends it within a slice."""
+    slow = Config.load(env={}, overrides={"kafka.retry_backoff_max_seconds": 30, "kafka.request_timeout_ms": 1000}).kafka
+    stop = threading.Event()
+    client = FailingAlways()
+    producer = OutputProducer(slow, transport_factory=lambda: client, stop=stop.is_set)
+    producer.send_values("adult.krr", 0, [b"k"], [b"v"], [])
+    errors: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            producer.flush()
+        except BaseException as e:  # noqa: BLE001  (the test reads it)
+            errors.append(e)
+
+    th = threading.Thread(target=flush)
+    th.start()
+    deadline = time.monotonic() + 30
+    while client.attempts < 3:  # sent, re-sent after 0.5 s, after 1 s: now in the 2 s backoff, then 4, 8 ...
+        assert time.monotonic() < deadline and th.is_alive()
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    stop.set()
+    th.join(30)
+    assert not th.is_alive() and time.monotonic() - t0 < 1.0
+    assert len(errors) == 1 and isinstance(errors[0], BrokerUnavailableError), errors
+    assert "not acknowledged at shutdown" in str(errors[0])
+
+
 def test_the_watchdog_can_end_a_flush_that_waits() -> None:
     class Lost(RuntimeError):
         pass

@@ -29,7 +29,8 @@ K = 5
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker, adult_path: Path) -> None:
+def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker, adult_path: Path,
+                                                                         consumer_client: str) -> None:
     bs = broker.bootstrap_servers
     prefix = f"reb{uuid.uuid4().hex[:6]}"
     overrides = {
@@ -38,6 +39,7 @@ def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker,
         "topics.suppressed": f"{prefix}.suppressed", "topics.dlq": f"{prefix}.dlq", "topics.partitions": 2,
         "anonymization.k": K, "anonymization.delta": 300, "anonymization.seed": 3,
         "service.commit_interval_ms": 100, "side_paths.enabled": False,
+        "kafka.consumer_client": consumer_client,
     }
     ensure_topic(bs, f"{prefix}.raw", 2)
     records = [r for i, r in zip(range(8000), iter_adult_records(adult_path), strict=False)]

@@ -50,7 +50,7 @@ class Consumer:
         self.seeks: list[tuple[TopicPartition, int]] = []
         self.partitions = partitions
 
-    def commit(self, offsets: dict[Any, Any]) -> None:
+    def commit(self, offsets: dict[Any, Any], timeout_ms: int | None = None) -> None:
         if self.fail_commits:
             self.fail_commits -= 1
             raise KafkaError("commit failed (test)")

@@ -34,6 +34,7 @@ from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.engine import DEFAULT_ZETA, Engine, EngineConfig, Release
 from stream_anon.core.schema import Schema, adult_schema
 from stream_anon.formats.release import ClassEncoder
+from stream_anon.kafka_io.limits import FALLBACK_MESSAGE_MAX_BYTES
 from stream_anon.service.gate import PrePublishGate
 from stream_anon.service.ledger import EntryFactory
 from stream_anon.service.wiring import (
@@ -100,14 +101,17 @@ def bench_gate(args: argparse.Namespace) -> int:
         for g, m, _, _, r in args_:
             enc.encode(generalized=g, members=m, size=r.size, loss=r.loss)
 
+    ledger_bound = FALLBACK_MESSAGE_MAX_BYTES  # what the service bounds messages at when the broker does not say
+
     def ledger_path() -> None:
         f = EntryFactory(input_topic="adult.raw", partition=0, incarnation="bench",
                          classes=ClassEncoder(qis=qis, sensitive=sens, k=10, l=l_), secret=b"b" * 32,
-                         gate=PrePublishGate(schema, k=10, l=l_))
+                         gate=PrePublishGate(schema, k=10, l=l_), max_message_bytes=ledger_bound)
         for g, m, rid, offs, r in args_:
-            e, _ = f.released_class(offsets=offs, record_ids=rid, members=m, generalized=g, size=r.size,
-                                    loss=r.loss, horizon=max(offs))
-            e.encode()
+            entries, _ = f.released_class(offsets=offs, record_ids=rid, members=m, generalized=g, size=r.size,
+                                          loss=r.loss, horizon=max(offs))
+            for e in entries:
+                e.ledger_messages(ledger_bound)
 
     gate = PrePublishGate(schema, k=10, l=l_)
     refused = sum(not gate.check(g, m, rid).ok for g, m, rid, _, _ in args_)

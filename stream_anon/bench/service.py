@@ -1,24 +1,38 @@
-"""``stream-anon bench service``: the main path end to end through a real broker with kafka-python.
+"""``stream-anon bench service``: the main path end to end through a real broker, against passthrough baselines of
+both Python clients, on one broker or several (``--bootstrap-servers`` repeated; ``--embedded`` adds the embedded
+Tansu broker, the default when none is given).
 
-1. **Throughput** (records/s sustained): ADULT x ``--loops`` is loaded into an input topic first; then
-   (a) a *passthrough* pipeline (consume, JSON decode + encode, produce, commit; no anonymization) and
-   (b) the *main path* (``MainPath``: decode, validate, CASTLE k=10 delta=1000 beta=50, produce classes,
-   flush, commit watermarks) each consume it from the beginning in their own consumer group, one after the
-   other, in this process.  Time runs from the first record consumed to the last output acknowledged and
-   its offset committed.  The ratio main/passthrough is printed.
+Per broker:
+
+1. **Throughput** (records/s sustained): ADULT x ``--loops`` is loaded into an input topic first; then, in each of
+   ``--repeat`` rounds and in this order under the same load, each consumes it from the beginning in its own consumer
+   group: (a) a *passthrough* over **kafka-python** (consume, JSON decode + encode, produce, commit; no
+   anonymization), (b) the same passthrough over **confluent-kafka** (librdkafka: the fastest Python client here),
+   and (c) the *main path* (``MainPath``: decode, validate, CASTLE k=10 delta=1000 beta=50, ledger, produce
+   classes, flush, commit watermarks; ``kafka.consumer_client`` and ``kafka.producer_client`` as configured, e.g.
+   ``--set kafka.consumer_client=kafka-python``).  Time runs from the first record consumed to the last output
+   acknowledged and its offset committed (without release ticks unless ``--set release.tick_seconds=...``: the last
+   classes would wait for the end of their tick).  The medians and the ratios main path / each passthrough are printed.
 2. **Latency** at 50% of the measured main-path maximum: a replay *process* sends ADULT at that rate while the
    main path runs; ingest-to-release latency = release time in the pipeline - the input message's timestamp
    (producer create time, same machine, from the ledger), and ingest-to-publish latency = the class message's
-   Kafka timestamp (produced once its ledger entry is acknowledged) - the input message's timestamp;
+   Kafka timestamp (the end of its release tick, ``release.tick_seconds``; with 0: produced once its ledger entry
+   is acknowledged) - the input message's timestamp;
    p50/p99/max over every released record.
+
+The last lines are one table with a row per broker: both passthroughs, the main path, the ratios, ingest-to-publish
+p50/p99 at half the maximum rate (``--json`` writes everything).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import multiprocessing
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -27,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import confluent_kafka
 import numpy as np
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
@@ -34,7 +49,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
-from stream_anon.core.datasets import resolve_adult_path
+from stream_anon.core.datasets import iter_adult_records, resolve_adult_path
 from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.schema import adult_schema
 from stream_anon.kafka_io.broker import EmbeddedBroker
@@ -43,8 +58,41 @@ from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
 from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
+from stream_anon.service.wiring import load_schema, make_engine_factory
 
 log = logging.getLogger(__name__)
+
+PASSTHROUGHS = ("kafka-python", "confluent-kafka")
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread: librdkafka's too) and of its live child processes (the pipeline
+    worker): with the wall-clock rate, how much of the machine a run took (on a loaded machine the wall-clock rates
+    fall, the CPU per record much less)."""
+    return sum(cpu_split())
+
+
+def cpu_split() -> tuple[float, float]:
+    """(this process, its live child processes) CPU seconds."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for child in multiprocessing.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return own.ru_utime + own.ru_stime, children
+
+
+def _metered(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()`` with its CPU microseconds per record added (``cpu_us_per_record``) unless it measured them."""
+    c0 = cpu_seconds()
+    out = fn()
+    out.setdefault("cpu_us_per_record", (cpu_seconds() - c0) / max(1, out["records"]) * 1e6)
+    return out
 
 
 def _replay(bs: str, topic: str, adult: str, *, rate: float = 0.0, loops: int = 1, partitions: int = 1) -> None:
@@ -55,8 +103,8 @@ def _replay(bs: str, topic: str, adult: str, *, rate: float = 0.0, loops: int = 
 
 
 def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int, commit_interval_s: float,
-                linger_ms: int) -> dict[str, float]:
-    """Consume -> json.loads -> json.dumps -> produce -> (flush, commit) ; returns seconds and records/s."""
+                linger_ms: int) -> dict[str, Any]:
+    """kafka-python: consume -> json.loads -> json.dumps -> produce -> (flush, commit); seconds and records/s."""
     consumer = KafkaConsumer(topic, bootstrap_servers=bs, group_id=f"pass-{uuid.uuid4().hex[:6]}",
                              enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
                              heartbeat_interval_ms=2000, max_poll_records=max_records)
@@ -91,11 +139,70 @@ def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int
     return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds}
 
 
-def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | None = None) -> Config:
+def passthrough_confluent(bs: str, topic: str, out_topic: str, n: int, *, max_records: int,
+                          commit_interval_s: float, linger_ms: int) -> dict[str, Any]:
+    """confluent-kafka: consume -> json.loads -> json.dumps -> produce -> (flush, commit); the same work as
+    :func:`passthrough` (acks=all, idempotent producer as the service's)."""
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": bs, "group.id": f"passc-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "isolation.level": "read_uncommitted"})
+    producer = confluent_kafka.Producer({"bootstrap.servers": bs, "acks": "all", "enable.idempotence": True,
+                                         "linger.ms": linger_ms, "batch.size": 262144,
+                                         "queue.buffering.max.messages": 1_000_000})
+    consumer.subscribe([topic])
+    seen = 0
+    t0: float | None = None
+    last_commit = time.monotonic()
+    positions: dict[int, int] = {}
+    produce, loads, dumps = producer.produce, json.loads, json.dumps
+
+    def commit() -> None:
+        producer.flush()
+        if positions:
+            consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, p, o) for p, o in positions.items()],
+                            asynchronous=False)
+
+    try:
+        while seen < n:
+            msgs = consumer.consume(max_records, 0)  # (with a timeout it waits for max_records messages)
+            if not msgs:
+                first = consumer.poll(0.2)
+                msgs = [] if first is None else [first, *consumer.consume(max_records - 1, 0)]
+            if msgs and t0 is None:
+                t0 = time.perf_counter()
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                value = m.value()
+                positions[m.partition()] = m.offset() + 1  # type: ignore[index,operator]
+                if not value:
+                    continue  # end-of-stream marker
+                seen += 1
+                while True:
+                    try:
+                        produce(out_topic, dumps(loads(value)).encode(), m.key(), m.partition())  # type: ignore[arg-type]
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.poll(0)
+            if time.monotonic() - last_commit >= commit_interval_s:
+                commit()
+                last_commit = time.monotonic()
+        commit()
+        seconds = time.perf_counter() - (t0 or time.perf_counter())
+    finally:
+        consumer.close()
+    return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds}
+
+
+def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | None = None,
+            consumer_client: str | None = None) -> Config:
     extra = {}
     for item in args.set:
         key, _, raw = item.partition("=")
         extra[key.strip()] = raw
+    if consumer_client is not None:
+        extra["kafka.consumer_client"] = consumer_client
     return Config.load(env={}, overrides={**extra,
         "kafka.bootstrap_servers": bs, "kafka.group_id": f"{prefix}-main", "kafka.session_timeout_ms": 6000,
         "kafka.max_poll_records": args.max_records, "kafka.linger_ms": args.linger_ms,
@@ -123,9 +230,11 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
     t = main.totals
     deadline = time.monotonic() + timeout_s
     t0: float | None = None
+    cpu0 = (0.0, 0.0)
     while True:
         if t0 is None and t.consumed > 0:
             t0 = time.perf_counter()
+            cpu0 = cpu_split()  # (the worker's start-up is not counted, nor the first batch: as the time)
         done = t.released + t.suppressed + t.dead_lettered
         if done >= n and main.states and all(p.buffered == 0 and main.committed.get(i) == p.next_offset
                                              for i, p in main.states.items()):
@@ -134,18 +243,184 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
             raise RuntimeError(f"main path did not finish: {t}")
         time.sleep(0.002)
     seconds = time.perf_counter() - (t0 or time.perf_counter())
+    cpu1 = cpu_split()
     main.stop_event.set()
     th.join(30)
+    per = 1e6 / max(1, done)
     return {"records": done, "seconds": seconds, "records_per_second": done / seconds if seconds else 0.0,
+            "cpu_us_per_record": (sum(cpu1) - sum(cpu0)) * per, "cpu_us_main_process": (cpu1[0] - cpu0[0]) * per,
+            "cpu_us_workers": (cpu1[1] - cpu0[1]) * per,
             "released": t.released, "suppressed": t.suppressed, "gt_loss": t.gt_loss, "classes": t.classes}
+
+
+def engine_alone(args: argparse.Namespace, adult: str) -> dict[str, float]:
+    """The engine of the main-path runs (same options) on ADULT without Kafka, decoding or ledger: records/s of
+    wall and of CPU time, the ceiling of a main path with one partition (its pipeline runs in one process)."""
+    cfg = _config("unused:0", "engine", args)
+    schema = load_schema(cfg)
+    engine = make_engine_factory(cfg, schema)(0)
+    records = [schema.validate(dict(r)) for r in iter_adult_records(adult)]
+    for i, r in enumerate(records):
+        r[schema.record_id or "id"] = i
+    qis = [a.name for a in schema.qis]
+    now = time.time()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for s in range(0, len(records), args.max_records):
+        chunk = records[s:s + args.max_records]
+        rows = engine.encode_many({q: [r[q] for r in chunk] for q in qis})
+        for j, r in enumerate(chunk):
+            engine.push_encoded(r, rows[j], now)
+    engine.flush(now)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"records": len(records), "records_per_second": len(records) / wall,
+            "records_per_cpu_second": len(records) / cpu}
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> dict[str, Any]:
+    """Throughput (both passthroughs and the main path, ``args.repeat`` rounds) and latency on one broker."""
+    results: dict[str, Any] = {"broker": name, "bootstrap_servers": bs}
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    cfg = _config(bs, prefix, args)
+    n = 32561 * args.loops
+    t = time.perf_counter()
+    _replay(bs, cfg.topics.input, adult, loops=args.loops, partitions=args.partitions)
+    p = KafkaProducer(bootstrap_servers=bs)
+    send_flush_markers(p, cfg.topics.input, list(range(args.partitions)))
+    p.close()
+    print(f"[{name}] loaded {n:,} records (ADULT x {args.loops}) into {cfg.topics.input} in "
+          f"{time.perf_counter() - t:.1f} s")
+    runs = []
+    pass_fns = {"kafka-python": passthrough, "confluent-kafka": passthrough_confluent}
+    consumers = args.consumer_clients.split(",") if args.consumer_clients else [cfg.kafka.consumer_client]
+    for rep in range(args.repeat):
+        run: dict[str, Any] = {}
+        for client in PASSTHROUGHS:
+            pt = _metered(functools.partial(
+                pass_fns[client], bs, cfg.topics.input, f"{prefix}.pass{rep}{client[0]}", n,
+                max_records=args.max_records, commit_interval_s=args.commit_interval_ms / 1000.0,
+                linger_ms=args.linger_ms))
+            run[f"passthrough_{client}"] = pt
+            print(f"[{name} {rep + 1}/{args.repeat}] passthrough {client} (consume, JSON decode/encode, produce, "
+                  f"commit): {pt['records']:,} records in {pt['seconds']:.2f} s = {pt['records_per_second']:,.0f} "
+                  f"records/s, {pt['cpu_us_per_record']:.1f} CPU us/record")
+        for i, client in enumerate(consumers):
+            rcfg = _config(bs, f"{prefix}r{rep}c{i}", args, input_topic=cfg.topics.input,
+                           consumer_client=client)  # fresh group and outputs
+            if not any(o.startswith("release.tick_seconds") for o in args.set):  # the run ends at the last commit,
+                rcfg = rcfg.with_options({"release.tick_seconds": 0})  # which a release tick would only delay
+            mp = _metered(functools.partial(main_path_run, rcfg, n))
+            run["main_path" if i == 0 else f"main_path_{client}"] = mp
+            ratios = {c: mp["records_per_second"] / run[f"passthrough_{c}"]["records_per_second"]
+                      for c in PASSTHROUGHS}
+            print(f"[{name} {rep + 1}/{args.repeat}] main path (k={args.k}, delta={args.delta}, beta={args.beta}, "
+                  f"workers={rcfg.service.workers}, consumer {rcfg.kafka.consumer_client}, producer "
+                  f"{rcfg.kafka.producer_client}): {mp['records']:,} records in {mp['seconds']:.2f} s = "
+                  f"{mp['records_per_second']:,.0f} records/s, {mp['cpu_us_per_record']:.1f} CPU us/record "
+                  f"(main process {mp['cpu_us_main_process']:.1f}, pipeline workers {mp['cpu_us_workers']:.1f}) "
+                  f"(released {mp['released']:,}, suppressed "
+                  f"{mp['suppressed']:,}, GT loss {mp['gt_loss']:.4f}); / passthrough "
+                  + ", ".join(f"{c} {r:.2f}" for c, r in ratios.items()))
+        runs.append(run)
+    keys = ("main_path", *(f"passthrough_{c}" for c in PASSTHROUGHS))
+    rates = {key: _median([r[key]["records_per_second"] for r in runs]) for key in keys}
+    cpu = {key: _median([r[key]["cpu_us_per_record"] for r in runs]) for key in keys}
+    ratios = {c: _median([r["main_path"]["records_per_second"] / r[f"passthrough_{c}"]["records_per_second"]
+                          for r in runs]) for c in PASSTHROUGHS}
+    for client in consumers[1:]:
+        rates[f"main_path_{client}"] = _median([r[f"main_path_{client}"]["records_per_second"] for r in runs])
+        print(f"[{name}] main path with consumer {client}: median {rates[f'main_path_{client}']:,.0f} records/s")
+    print(f"[{name}] median over {len(runs)} rounds: passthrough kafka-python {rates['passthrough_kafka-python']:,.0f}"
+          f", confluent-kafka {rates['passthrough_confluent-kafka']:,.0f}, main path {rates['main_path']:,.0f} "
+          f"records/s; main path / passthrough: kafka-python {ratios['kafka-python']:.2f}, confluent-kafka "
+          f"{ratios['confluent-kafka']:.2f}; CPU us/record (this process and the pipeline worker, not the broker): "
+          + ", ".join(f"{k.removeprefix('passthrough_')} {v:.1f}" for k, v in cpu.items()))
+    results.update(runs=runs, rates=rates, ratios=ratios, cpu_us_per_record=cpu, consumer_client=cfg.kafka.consumer_client,
+                   producer_client=cfg.kafka.producer_client, workers=cfg.service.workers)
+    if not args.skip_latency:
+        results["latency"] = latency_run(bs, name, args, adult, rate=0.5 * rates["main_path"])
+    return results
+
+
+def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rate: float) -> dict[str, Any]:
+    """Ingest-to-release and ingest-to-publish latency of the main path while a replay process sends ADULT at
+    ``rate``."""
+    lat_prefix = f"bench{uuid.uuid4().hex[:6]}lat"
+    lcfg = _config(bs, lat_prefix, args)
+    loops = max(1, int(np.ceil(rate * args.latency_seconds / 32561)))
+    n_lat = 32561 * loops
+
+    def replay_at_rate() -> None:
+        def go() -> None:
+            _replay(bs, lcfg.topics.input, adult, rate=rate, loops=loops, partitions=args.partitions)
+            pr = KafkaProducer(bootstrap_servers=bs)
+            send_flush_markers(pr, lcfg.topics.input, list(range(args.partitions)))
+            pr.close()
+
+        threading.Thread(target=go, daemon=True).start()
+
+    # the topic must exist before the main path subscribes
+    ensure_topic(bs, lcfg.topics.input, args.partitions)
+    lr = main_path_run(lcfg, n_lat, during=replay_at_rate)
+    s = adult_schema()
+    lt = lcfg.topics
+    snap = collect_outputs(bs, input_topic=lt.input, ledger=lt.ledger_topic(), anon=lt.anon,
+                           suppressed=lt.suppressed, dlq=lt.dlq,
+                           qis=[a.name for a in s.qis], sensitive=["income"])
+    body = snap.records[snap.records.outcome == "released"]
+    lat = body["latency_s"].dropna().to_numpy(dtype=float)
+    # records released by the end-of-stream flush waited for the marker, not for delta: leave them out
+    end_marker = snap.records.groupby("src_partition")["src_offset"].transform("max") + 1
+    regular = body[body.release_offset < end_marker.loc[body.index]]
+    reg_lat = regular["latency_s"].dropna().to_numpy(dtype=float)
+    ingest_ms = {(m.partition, m.offset): m.timestamp for m in read_topic_with_headers(bs, lt.input)}
+    published = (regular["published_ms"] - [ingest_ms[(p, o)] for p, o in zip(
+        regular.src_partition, regular.src_offset, strict=True)]).dropna().to_numpy(dtype=float) / 1000.0
+    latency = {"rate": rate, "records": n_lat, "p50": float(np.percentile(reg_lat, 50)),
+               "p99": float(np.percentile(reg_lat, 99)), "max": float(reg_lat.max()),
+               "p50_all": float(np.percentile(lat, 50)), "p99_all": float(np.percentile(lat, 99)),
+               "publish_p50": float(np.percentile(published, 50)),
+               "publish_p99": float(np.percentile(published, 99)), "publish_max": float(published.max()),
+               "expected_delay_s": args.delta / rate, "throughput": lr["records_per_second"]}
+    print(f"[{name}] latency at {rate:,.0f} records/s (50% of max, {n_lat:,} records, main path throughput "
+          f"{lr['records_per_second']:,.0f}/s): ingest-to-release p50 {latency['p50'] * 1000:.0f} ms, "
+          f"p99 {latency['p99'] * 1000:.0f} ms, max {latency['max'] * 1000:.0f} ms; ingest-to-publish "
+          f"p50 {latency['publish_p50'] * 1000:.0f} ms, p99 {latency['publish_p99'] * 1000:.0f} ms, max "
+          f"{latency['publish_max'] * 1000:.0f} ms (delta/rate = {latency['expected_delay_s'] * 1000:.0f} ms "
+          f"is the delay bound in time)")
+    return latency
+
+
+def summary_table(all_results: list[dict[str, Any]]) -> str:
+    """One row per broker: both passthroughs, the main path, the ratios, ingest-to-publish p50/p99 (markdown)."""
+    lines = ["| broker | passthrough kafka-python | passthrough confluent-kafka | main path | main / kafka-python | "
+             "main / confluent-kafka | at 50 % rate | ingest-to-publish p50 | p99 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    cpu_lines = ["", "CPU us per record (this process and its pipeline worker; the broker not counted):", "",
+                 "| broker | passthrough kafka-python | passthrough confluent-kafka | main path |", "|---|---|---|---|"]
+    for r in all_results:
+        rates, ratios, lat = r["rates"], r["ratios"], r.get("latency")
+        lat_cells = (f"{lat['rate']:,.0f}/s | {lat['publish_p50'] * 1000:,.0f} ms | {lat['publish_p99'] * 1000:,.0f} ms"
+                     if lat else "- | - | -")
+        lines.append(f"| {r['broker']} | {rates['passthrough_kafka-python']:,.0f} | "
+                     f"{rates['passthrough_confluent-kafka']:,.0f} | {rates['main_path']:,.0f} | "
+                     f"{ratios['kafka-python']:.2f} | {ratios['confluent-kafka']:.2f} | {lat_cells} |")
+        cpu = r["cpu_us_per_record"]
+        cpu_lines.append(f"| {r['broker']} | {cpu['passthrough_kafka-python']:.1f} | "
+                         f"{cpu['passthrough_confluent-kafka']:.1f} | {cpu['main_path']:.1f} |")
+    return "\n".join(lines + cpu_lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stream-anon bench service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bootstrap-servers", default=None,
-                    help="a running broker, HOST:PORT (default: an embedded Tansu broker); unreachable within "
+    ap.add_argument("--bootstrap-servers", action="append", default=[],
+                    help="a broker to measure (repeat for several); default: the embedded Tansu broker; one unreachable within "
                          "--connect-timeout: one line, exit 3")
+    ap.add_argument("--embedded", action="store_true", help="also measure the embedded Tansu broker")
     ap.add_argument("--adult", default=None, help="ADULT file (default $STREAM_ANON_ADULT)")
     ap.add_argument("--loops", type=int, default=3, help="ADULT passes loaded for the throughput runs (default 3)")
     ap.add_argument("--partitions", type=int, default=1)
@@ -157,9 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-records", type=int, default=5000, help="poll batch size")
     ap.add_argument("--linger-ms", type=int, default=20)
     ap.add_argument("--commit-interval-ms", type=int, default=500)
-    ap.add_argument("--repeat", type=int, default=3, help="passthrough/main-path pairs (median reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of passthroughs + main path (median reported)")
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="length of the 50%%-rate latency run")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--consumer-clients", default=None, metavar="CLIENT[,CLIENT]",
+                    help="main path once per consumer client each round (e.g. confluent-kafka,kafka-python; the "
+                         "first is the one in the table); default: kafka.consumer_client")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="service option for the main-path runs (e.g. service.workers=0)")
     ap.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -168,102 +446,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     quiet_client_libraries()  # the client libraries' own lines only at DEBUG
-    problem = broker_problem("stream-anon bench service", args.bootstrap_servers, args.connect_timeout)  # malformed 2, unreachable 3
-    if problem:
-        return problem
+    for bs in args.bootstrap_servers:
+        problem = broker_problem("stream-anon bench service", bs, args.connect_timeout)  # malformed 2, unreachable 3
+        if problem:
+            return problem
     adult = str(resolve_adult_path(args.adult))
-    broker = None
-    bs = args.bootstrap_servers
-    if not bs:
-        broker = EmbeddedBroker().start()
-        bs = broker.bootstrap_servers
-    results: dict[str, Any] = {"k": args.k, "delta": args.delta, "beta": args.beta, "mu": args.mu,
-                               "partitions": args.partitions, "cpus": os.cpu_count()}
-    try:
-        prefix = f"bench{uuid.uuid4().hex[:6]}"
-        cfg = _config(bs, prefix, args)
-        n = 32561 * args.loops
-        t = time.perf_counter()
-        _replay(bs, cfg.topics.input, adult, loops=args.loops, partitions=args.partitions)
-        p = KafkaProducer(bootstrap_servers=bs)
-        send_flush_markers(p, cfg.topics.input, list(range(args.partitions)))
-        p.close()
-        print(f"loaded {n:,} records (ADULT x {args.loops}) into {cfg.topics.input} in {time.perf_counter() - t:.1f} s")
-        runs = []
-        for rep in range(args.repeat):
-            pt = passthrough(bs, cfg.topics.input, f"{prefix}.pass{rep}", n, max_records=args.max_records,
-                             commit_interval_s=args.commit_interval_ms / 1000.0, linger_ms=args.linger_ms)
-            print(f"[{rep + 1}/{args.repeat}] passthrough (consume, JSON decode/encode, produce, commit): "
-                  f"{pt['records']:,} records in {pt['seconds']:.2f} s = {pt['records_per_second']:,.0f} records/s")
-            rcfg = _config(bs, f"{prefix}r{rep}", args, input_topic=cfg.topics.input)  # fresh group and outputs
-            mp = main_path_run(rcfg, n)
-            print(f"[{rep + 1}/{args.repeat}] main path (k={args.k}, delta={args.delta}, beta={args.beta}, "
-                  f"workers={rcfg.service.workers}): {mp['records']:,} records in {mp['seconds']:.2f} s = "
-                  f"{mp['records_per_second']:,.0f} records/s (released {mp['released']:,}, suppressed "
-                  f"{mp['suppressed']:,}, GT loss {mp['gt_loss']:.4f}); ratio "
-                  f"{mp['records_per_second'] / pt['records_per_second']:.2f}")
-            runs.append((pt, mp))
-        ratios = sorted(m["records_per_second"] / p["records_per_second"] for p, m in runs)
-        ratio = float(np.median(ratios))
-        pt_rate = float(np.median([p["records_per_second"] for p, _ in runs]))
-        mp_rate = float(np.median([m["records_per_second"] for _, m in runs]))
-        mp = dict(runs[-1][1], records_per_second=mp_rate)
-        pt = dict(runs[-1][0], records_per_second=pt_rate)
-        print(f"median over {len(runs)} runs: passthrough {pt_rate:,.0f} records/s, main path {mp_rate:,.0f} "
-              f"records/s, main path / passthrough = {ratio:.2f} (per run {', '.join(f'{r:.2f}' for r in ratios)}; "
-              f"target >= 0.70); main path {'>=' if mp_rate >= 10000 else '<'} 10,000 records/s target")
-        results["runs"] = [{"passthrough": p, "main_path": m} for p, m in runs]
-        results.update(passthrough=pt, main_path=mp, ratio=ratio)
-        if not args.skip_latency:
-            rate = 0.5 * mp["records_per_second"]
-            lat_prefix = f"{prefix}lat"
-            lcfg = _config(bs, lat_prefix, args)
-            loops = max(1, int(np.ceil(rate * args.latency_seconds / 32561)))
-            n_lat = 32561 * loops
-
-            def replay_at_rate() -> None:
-                def go() -> None:
-                    _replay(bs, lcfg.topics.input, adult, rate=rate, loops=loops, partitions=args.partitions)
-                    pr = KafkaProducer(bootstrap_servers=bs)
-                    send_flush_markers(pr, lcfg.topics.input, list(range(args.partitions)))
-                    pr.close()
-
-                threading.Thread(target=go, daemon=True).start()
-
-            # the topic must exist before the main path subscribes
-            ensure_topic(bs, lcfg.topics.input, args.partitions)
-            lr = main_path_run(lcfg, n_lat, during=replay_at_rate)
-            s = adult_schema()
-            lt = lcfg.topics
-            snap = collect_outputs(bs, input_topic=lt.input, ledger=lt.ledger_topic(), anon=lt.anon,
-                                   suppressed=lt.suppressed, dlq=lt.dlq,
-                                   qis=[a.name for a in s.qis], sensitive=["income"])
-            body = snap.records[snap.records.outcome == "released"]
-            lat = body["latency_s"].dropna().to_numpy(dtype=float)
-            # records released by the end-of-stream flush waited for the marker, not for delta: leave them out
-            end_marker = snap.records.groupby("src_partition")["src_offset"].transform("max") + 1
-            regular = body[body.release_offset < end_marker.loc[body.index]]
-            reg_lat = regular["latency_s"].dropna().to_numpy(dtype=float)
-            ingest_ms = {(m.partition, m.offset): m.timestamp for m in read_topic_with_headers(bs, lt.input)}
-            published = (regular["published_ms"] - [ingest_ms[(p, o)] for p, o in zip(
-                regular.src_partition, regular.src_offset, strict=True)]).dropna().to_numpy(dtype=float) / 1000.0
-            latency = {"rate": rate, "records": n_lat, "p50": float(np.percentile(reg_lat, 50)),
-                       "p99": float(np.percentile(reg_lat, 99)), "max": float(reg_lat.max()),
-                       "p50_all": float(np.percentile(lat, 50)), "p99_all": float(np.percentile(lat, 99)),
-                       "publish_p50": float(np.percentile(published, 50)),
-                       "publish_p99": float(np.percentile(published, 99)), "publish_max": float(published.max()),
-                       "expected_delay_s": args.delta / rate}
-            results["latency"] = latency
-            print(f"latency at {rate:,.0f} records/s (50% of max, {n_lat:,} records, main path throughput "
-                  f"{lr['records_per_second']:,.0f}/s): ingest-to-release p50 {latency['p50'] * 1000:.0f} ms, "
-                  f"p99 {latency['p99'] * 1000:.0f} ms, max {latency['max'] * 1000:.0f} ms; ingest-to-publish "
-                  f"p50 {latency['publish_p50'] * 1000:.0f} ms, p99 {latency['publish_p99'] * 1000:.0f} ms, max "
-                  f"{latency['publish_max'] * 1000:.0f} ms (delta/rate = {latency['expected_delay_s'] * 1000:.0f} ms "
-                  f"is the delay bound in time)")
-    finally:
-        if broker is not None:
-            broker.stop()
+    targets: list[tuple[str, str | None]] = [(f"kafka {bs}", bs) for bs in args.bootstrap_servers]
+    if args.embedded or not targets:
+        targets.insert(0, ("tansu (embedded)", None))
+    all_results: list[dict[str, Any]] = []
+    for name, bs in targets:
+        broker = EmbeddedBroker().start() if bs is None else None
+        try:
+            all_results.append(bench_broker(bs or broker.bootstrap_servers, name, args, adult))  # type: ignore[union-attr]
+        finally:
+            if broker is not None:
+                broker.stop()
+    engine = engine_alone(args, adult)
+    meta = {"k": args.k, "delta": args.delta, "beta": args.beta, "mu": args.mu, "partitions": args.partitions,
+            "loops": args.loops, "repeat": args.repeat, "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "engine_alone": engine}
+    print(f"\nstream-anon bench service: ADULT x {args.loops} ({32561 * args.loops:,} records), {args.partitions} "
+          f"partition(s), k={args.k}, delta={args.delta}, beta={args.beta}; medians of {args.repeat} rounds; load "
+          f"average now {meta['load_average'][0]:.1f} on {meta['cpus']} CPUs")
+    print(f"engine alone (the same options, all of ADULT, no Kafka, no decoding, no ledger: a one-partition main "
+          f"path's ceiling): {engine['records_per_second']:,.0f} records/s, {engine['records_per_cpu_second']:,.0f} "
+          f"records per CPU second")
+    print(summary_table(all_results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({**meta, "brokers": all_results}, f, indent=2)
     return 0

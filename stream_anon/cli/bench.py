@@ -20,6 +20,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "ldp-numeric": ("stream_anon.bench.ldp_numeric", "bounded Laplace speed, eps selection, DP k-means"),
     "mechanisms": ("", "both LDP benchmarks: ldp-categorical, then ldp-numeric"),
     "release-path": ("stream_anon.bench.release_path", "pre-publish gate and ledger cost, CASTLE reuse on ADULT"),
+    "release-timing": ("stream_anon.bench.release_timing", "does a class's timestamp name its expiring member: "
+                       "the attack with and without release ticks, and their latency cost"),
     "service": ("stream_anon.bench.service", "end-to-end throughput and latency through a real broker"),
     "side": ("stream_anon.bench.side", "LDP side paths: pure, raw send floor, end to end"),
     "udp-loss": ("stream_anon.bench.udp_loss", "UDP loss on loopback at several rates"),

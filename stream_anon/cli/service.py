@@ -233,9 +233,14 @@ def check_kafka_options(cfg: Config) -> None:
          f"an integer >= 0 below kafka.request_timeout_ms ({k.request_timeout_ms})", k.fetch_max_wait_ms),
         ("request_timeout_ms", 1 <= k.request_timeout_ms < 540000, "an integer in [1, 539999] (kafka-python: "
          "below its connections_max_idle_ms, 540000)", k.request_timeout_ms),
-        ("fetch_max_bytes", k.fetch_max_bytes >= 1, "an integer >= 1", k.fetch_max_bytes),
+        ("fetch_max_bytes", k.fetch_max_bytes >= 1000, "an integer >= 1000 (librdkafka's smallest)",
+         k.fetch_max_bytes),
         ("max_partition_fetch_bytes", k.max_partition_fetch_bytes >= 1, "an integer >= 1",
          k.max_partition_fetch_bytes),
+        ("receive_max_bytes", k.fetch_max_bytes + max(512, k.max_partition_fetch_bytes) <= k.receive_max_bytes
+         <= 2147483647, f"an integer in [kafka.fetch_max_bytes + kafka.max_partition_fetch_bytes (at least 512), "
+         f"2147483647] = [{k.fetch_max_bytes + max(512, k.max_partition_fetch_bytes)}, 2147483647]",
+         k.receive_max_bytes),
         ("linger_ms", 0 <= k.linger_ms <= 900000, "an integer in [0, 900000]", k.linger_ms),
         ("batch_size", k.batch_size >= 1, "an integer >= 1", k.batch_size),
         ("max_request_size", 1000 <= k.max_request_size <= 1000000000, "an integer in [1000, 1000000000]",

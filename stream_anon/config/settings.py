@@ -40,6 +40,8 @@ from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.schema import Schema, SchemaError, adult_schema
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
 from stream_anon.kafka_io.settings import (
+    CONSUMER_CLIENTS,
+    MIN_OUTPUT_BOUND,
     PRODUCER_CLIENTS,
     BootstrapAddressError,
     KafkaSettings,
@@ -49,6 +51,11 @@ from stream_anon.kafka_io.settings import (
 from stream_anon.privacy.base import PrivacyParameterError
 
 ENV_PREFIX = "STREAM_ANON_"
+DEFAULT_TICK_SECONDS = 5.0
+"""``release.tick_seconds``: the classes formed within one wall-clock tick of this length are published together at
+its end, in a random order, all with the tick's end as their Kafka timestamp (:mod:`stream_anon.service.ticks`)."""
+MAX_TICK_SECONDS = 3600.0
+"""The longest ``release.tick_seconds`` (an hour; ``stream_anon.service.ticks`` checks the same bound)."""
 
 RAW_SUFFIX = ".raw"
 DERIVED_TOPICS = ("anon", "suppressed", "dlq", "krr", "rs", "blap", "estimates", "kmeans")
@@ -197,6 +204,7 @@ class ServiceSettings:
 
     max_message_bytes: int = 65536  # larger input messages go to the DLQ as "oversized"
     dlq_max_bytes: int = 1000000  # original bytes kept in a DLQ entry (longer ones are truncated, flagged)
+    max_output_bytes: int | None = None  # largest message written (None: the broker's limit, read at start)
     workers: int = 1  # pipeline worker processes (0 = in the service's thread); partition p -> worker p mod n
     commit_interval_ms: int = 500  # flush producer + commit watermarks at most this often
     poll_timeout_ms: int = 200
@@ -216,6 +224,7 @@ class ReleaseSettings:
 
     include_record_ids: bool = False  # true: class messages carry their members' record ids (OUTSIDE the threat model)
     secret: str | None = None  # key of side-copy pseudonyms and dead-letter hashes (>= 16 bytes); None: generated at start
+    tick_seconds: float = DEFAULT_TICK_SECONDS  # class messages leave at the end of wall-clock ticks (0 = at once)
 
 
 @dataclass(frozen=True)
@@ -282,6 +291,8 @@ class Config:
         s, k, t = self.service, self.kafka, self.topics
         checks: list[tuple[str, bool, str, Any]] = [
             ("service.max_message_bytes", s.max_message_bytes > 0, "a positive integer", s.max_message_bytes),
+            ("service.max_output_bytes", s.max_output_bytes is None or s.max_output_bytes >= MIN_OUTPUT_BOUND,
+             f"empty (the broker's limit) or an integer >= {MIN_OUTPUT_BOUND}", s.max_output_bytes),
             ("service.workers", s.workers >= 0, "an integer >= 0 (0 = inline)", s.workers),
             ("service.commit_interval_ms", s.commit_interval_ms >= 0, "an integer >= 0", s.commit_interval_ms),
             ("service.producer_recovery_seconds", s.producer_recovery_seconds > 0, "a number of seconds > 0",
@@ -295,6 +306,9 @@ class Config:
              s.side_paths_mode),
             ("service.idle_flush_seconds", s.idle_flush_seconds >= 0, "a number >= 0 (0 = never)",
              s.idle_flush_seconds),
+            ("release.tick_seconds", self.release.tick_seconds == 0 or 0.001 <= self.release.tick_seconds
+             <= MAX_TICK_SECONDS, f"0 (publish each class at once) or a number of seconds in [0.001, "
+             f"{MAX_TICK_SECONDS:.0f}]", self.release.tick_seconds),
             ("topics.partitions", t.partitions >= 1, "an integer >= 1", t.partitions),
             ("topics.replication_factor", t.replication_factor is None or t.replication_factor >= 1,
              "null (the cluster's broker count, at most 3) or an integer >= 1", t.replication_factor),
@@ -304,6 +318,8 @@ class Config:
             ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
             ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),
              k.producer_client),
+            ("kafka.consumer_client", k.consumer_client in CONSUMER_CLIENTS, " or ".join(CONSUMER_CLIENTS),
+             k.consumer_client),
         ]
         for name, ok, allowed, value in checks:
             if not ok:

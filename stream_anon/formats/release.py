@@ -35,7 +35,9 @@ reads every *public* topic; so a public message carries nothing that singles out
        "offsets":[17],"record_ids":["adult-00017"]}
 
   ``reason``: one of :data:`SUPPRESSION_REASONS`; ``detail`` (optional): e.g. what the gate found.  Key: the
-  release id ``<input topic>/<partition>/<first offset>``.
+  release id ``<input topic>/<partition>/<first offset>``.  A suppression too large for one message under the
+  output bound is written as several (each its own release, split by offset); a single record id too long for
+  the bound is written as ``{"id_prefix": <its first characters>, "id_length": <characters>}``.
 
 * **Dead letter** (internal topic ``dlq``), redacted by default::
 
@@ -43,9 +45,10 @@ reads every *public* topic; so a public message carries nothing that singles out
        "value_length":143,"value_hmac":"<64 hex: HMAC-SHA256(release secret, original value bytes)>",
        "payload":"redacted"}
 
-  With ``dlq.payload: raw`` also ``"error"`` (the validator's message, which may quote the value),
-  ``"value_b64"`` (the original bytes, base64, cut at ``max_payload_bytes``; then ``"truncated": true``) and
-  ``"key_b64"``.  Every text field goes through :func:`safe_text` (a lone surrogate such as ``"\\ud800"`` or
+  With ``dlq.payload: raw`` also ``"error"`` (the validator's message, which may quote the value; cut at
+  :data:`DETAIL_MAX_CHARS`), ``"value_b64"`` (the original bytes, base64, cut at ``max_payload_bytes`` and at what
+  fits the output bound; then ``"truncated": true``), ``"key_b64"`` (cut to fit the bound; then
+  ``"key_truncated": true``) and ``"key_length"``.  Every text field goes through :func:`safe_text` (a lone surrogate such as ``"\\ud800"`` or
   non-UTF-8 bytes become visible escapes), and nothing goes into headers, so no input can make the encoding
   fail.  Key: the release id of the offset.
 
@@ -70,6 +73,7 @@ from json.encoder import encode_basestring_ascii as _encode_basestring_ascii
 from typing import Any
 
 from stream_anon.core.diversity import DISTANCES, MODELS, DiversityRequirement
+from stream_anon.formats.messages import message_size
 
 FORMAT_VERSION = 1
 """``"v"`` of every message this module writes."""
@@ -80,9 +84,13 @@ ROLE_DLQ = "dlq"
 ROLES = (ROLE_ANON, ROLE_SUPPRESSED, ROLE_DLQ)
 """Topic roles of the output messages (``topics.anon``, ``topics.suppressed``, ``topics.dlq``)."""
 
-SUPPRESSION_REASONS = ("delay_bound", "leftover", "gate")
+SUPPRESSION_REASONS = ("delay_bound", "leftover", "gate", "oversized")
 """``delay_bound``: CASTLE suppressed the record when its delay expired (or at the end-of-stream flush);
-``leftover``: the leftover cluster's deadline passed below k; ``gate``: the pre-publish gate refused its class."""
+``leftover``: the leftover cluster's deadline passed below k; ``gate``: the pre-publish gate refused its class;
+``oversized``: its class message would exceed the output bound (only with ``release.include_record_ids``, whose
+member list grows with the class: one message per class cannot be split)."""
+DETAIL_MAX_CHARS = 2000
+"""Longest ``detail`` of a suppressed message and ``error`` of a raw dead letter (longer: cut, ``...`` appended)."""
 
 DLQ_PAYLOAD_MODES = ("redacted", "raw")
 CLASS_ID_BYTES = 16
@@ -235,11 +243,15 @@ def release_id(input_topic: str, partition: int, first_offset: int) -> str:
 
 @dataclass(frozen=True)
 class EncodedMessage:
-    """One output message exactly as it is produced: topic role, key and value bytes, no headers."""
+    """One output message exactly as it is produced: topic role, key and value bytes, no headers, and its Kafka
+    timestamp (``timestamp_ms``; None: the producer's send time).  The main path stamps a class message with the
+    end of its release tick (``release.tick_seconds``) before its ledger entry is written, so a re-send carries
+    the same timestamp; the digest does not cover it (a message found present is present)."""
 
     role: str
     key: bytes | None
     value: bytes
+    timestamp_ms: int | None = None
 
     def digest(self) -> bytes:
         """SHA-256 over role, key and value (how recovery recognizes the message in an output partition)."""
@@ -460,8 +472,13 @@ def _is_count(v: Any) -> bool:
 
 # ---------------------------------------------------------------------------------------------- suppressed
 def suppressed_message(*, input_topic: str, partition: int, offsets: Sequence[int], record_ids: Sequence[Any],
-                       reason: str, detail: str | None = None) -> EncodedMessage:
-    """The internal record of a suppression: release id, reason, offsets and record ids (no QI values)."""
+                       reason: str, detail: str | None = None,
+                       max_message_bytes: int | None = None) -> EncodedMessage:
+    """The internal record of a suppression: release id, reason, offsets and record ids (no QI values).
+
+    ``max_message_bytes``: the output bound (:func:`~stream_anon.formats.messages.message_size`).  The caller
+    splits a suppression of many records into messages that fit; a single record whose id alone does not fit
+    gets its id cut (``{"id_prefix": ..., "id_length": ...}``, see the module docstring)."""
     if reason not in SUPPRESSION_REASONS:
         raise ValueError(f"suppression reason must be one of {list(SUPPRESSION_REASONS)}, got {reason!r}")
     if not offsets or len(record_ids) != len(offsets):
@@ -473,12 +490,39 @@ def suppressed_message(*, input_topic: str, partition: int, offsets: Sequence[in
                             "partition": int(partition), "offsets": offs,
                             "record_ids": [_safe_id(record_ids[i]) for i in order]}
     if detail is not None:
-        body["detail"] = safe_text(detail)
-    return EncodedMessage(ROLE_SUPPRESSED, rid.encode("utf-8", "backslashreplace"), canonical_json(body))
+        body["detail"] = cut_text(safe_text(detail), DETAIL_MAX_CHARS)
+    key = rid.encode("utf-8", "backslashreplace")
+    value = canonical_json(body)
+    if max_message_bytes is not None and len(offs) == 1 and message_size(key, value) > max_message_bytes:
+        ids = body["record_ids"]
+        text = ids[0] if isinstance(ids[0], str) else json.dumps(ids[0], ensure_ascii=True)
+        room = max(0, max_message_bytes - (message_size(key, value) - len(canonical_json(ids[0]))) - 64)
+        ids[0] = {"id_prefix": _ascii_prefix(text, room), "id_length": len(text)}
+        value = canonical_json(body)
+    return EncodedMessage(ROLE_SUPPRESSED, key, value)
 
 
 def _safe_id(rid: Any) -> Any:
     return safe_text(rid) if isinstance(rid, str) else rid
+
+
+def cut_text(text: str | None, max_chars: int) -> str | None:
+    """``text`` cut to ``max_chars`` characters (``...`` appended when cut)."""
+    if text is None or len(text) <= max_chars:
+        return text
+    return text[:max_chars] + "..."
+
+
+def _ascii_prefix(text: str, max_bytes: int) -> str:
+    """The longest prefix of ``text`` whose canonical JSON string takes at most ``max_bytes`` bytes."""
+    lo, hi = 0, min(len(text), max_bytes)
+    while lo < hi:  # binary search: the JSON escape of a character takes 1 to 12 bytes
+        mid = (lo + hi + 1) // 2
+        if len(_encode_basestring_ascii(text[:mid])) <= max_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
 
 
 # ---------------------------------------------------------------------------------------------- dead letters
@@ -490,30 +534,61 @@ def keyed_hash(secret: bytes, data: bytes) -> str:
 
 def dead_letter_message(*, input_topic: str, partition: int, offset: int, reason: str, field: str | None,
                         error: str | None, value: bytes | None, key: bytes | None, secret: bytes,
-                        payload: str = "redacted", max_payload_bytes: int = 1_000_000) -> EncodedMessage:
+                        payload: str = "redacted", max_payload_bytes: int = 1_000_000,
+                        max_message_bytes: int | None = None) -> EncodedMessage:
     """The internal dead-letter record of one rejected input message (see the module docstring).
 
     Redacted (default): reason, field, value length, input topic/partition/offset and
     ``value_hmac`` = HMAC-SHA256(secret, original value bytes) (``null`` for a message without value).
-    ``payload="raw"`` adds the validator's ``error``, ``value_b64`` (cut at ``max_payload_bytes``,
-    ``truncated`` then true) and ``key_b64``.  Never fails on odd text (lone surrogates, non-UTF-8 bytes).
+    ``payload="raw"`` adds the validator's ``error`` (cut at :data:`DETAIL_MAX_CHARS`), ``value_b64`` (cut at
+    ``max_payload_bytes``, ``truncated`` then true), ``key_b64`` and ``key_length``; with ``max_message_bytes``
+    (the output bound) the value and the key are cut further until the message fits (``truncated``,
+    ``key_truncated``).  Never fails on odd text (lone surrogates, non-UTF-8 bytes).
     """
     if payload not in DLQ_PAYLOAD_MODES:
         raise ValueError(f"dlq payload must be one of {list(DLQ_PAYLOAD_MODES)}, got {payload!r}")
     rid = release_id(input_topic, partition, offset)
+    msg_key = rid.encode("utf-8", "backslashreplace")
     body: dict[str, Any] = {
-        "v": FORMAT_VERSION, "reason": safe_text(reason), "field": safe_text(field), "topic": safe_text(input_topic),
-        "partition": int(partition), "offset": int(offset), "value_length": None if value is None else len(value),
+        "v": FORMAT_VERSION, "reason": safe_text(reason), "field": cut_text(safe_text(field), 200),
+        "topic": safe_text(input_topic), "partition": int(partition), "offset": int(offset),
+        "value_length": None if value is None else len(value),
         "value_hmac": None if value is None else keyed_hash(secret, value), "payload": payload,
     }
-    if payload == "raw":
-        body["error"] = safe_text(error)
-        if value is not None:
-            cut = value[:max_payload_bytes]
-            body["value_b64"] = base64.b64encode(cut).decode("ascii")
-            body["truncated"] = len(cut) < len(value)
-        body["key_b64"] = None if key is None else base64.b64encode(key).decode("ascii")
-    return EncodedMessage(ROLE_DLQ, rid.encode("utf-8", "backslashreplace"), canonical_json(body))
+    if payload != "raw":
+        return EncodedMessage(ROLE_DLQ, msg_key, canonical_json(body))
+    body["error"] = cut_text(safe_text(error), DETAIL_MAX_CHARS)
+    v_cut = None if value is None else value[:max_payload_bytes]
+    k_cut = key
+    if max_message_bytes is not None:
+        v_cut, k_cut = _fit_payload(body, msg_key, v_cut, key, max_message_bytes)
+    if value is not None:
+        assert v_cut is not None
+        body["value_b64"] = base64.b64encode(v_cut).decode("ascii")
+        body["truncated"] = len(v_cut) < len(value)
+    body["key_b64"] = None if k_cut is None else base64.b64encode(k_cut).decode("ascii")
+    body["key_length"] = None if key is None else len(key)
+    if key is not None and k_cut is not None and len(k_cut) < len(key):
+        body["key_truncated"] = True
+    return EncodedMessage(ROLE_DLQ, msg_key, canonical_json(body))
+
+
+def _fit_payload(body: Mapping[str, Any], msg_key: bytes, value: bytes | None, key: bytes | None,
+                 max_message_bytes: int) -> tuple[bytes | None, bytes | None]:
+    """The value and key bytes a raw dead letter keeps so that it fits ``max_message_bytes``: both whole when they
+    fit; else each gets at least half of the room (the value first), cut to whole base64 groups."""
+    skeleton = dict(body, value_b64="", truncated=True, key_b64="", key_length=len(key or b""), key_truncated=True)
+    room = max_message_bytes - message_size(msg_key, canonical_json(skeleton)) - 16
+    raw = max(0, room // 4 * 3)  # base64: 4 characters per 3 bytes, no escapes in JSON
+    v, k = len(value or b""), len(key or b"")
+    if v + k <= raw:
+        return value, key
+    k_share = min(k, raw // 2) if v > raw // 2 else min(k, raw - v)
+    v_share = min(v, raw - k_share)
+    k_share = min(k, raw - v_share)
+    v_share -= v_share % 3 if v_share < v else 0
+    k_share -= k_share % 3 if k_share < k else 0
+    return (None if value is None else value[:v_share]), (None if key is None else key[:k_share])
 
 
 def decode_dead_letter(value: bytes | None) -> dict[str, Any]:

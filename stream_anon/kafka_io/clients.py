@@ -21,6 +21,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from stream_anon.kafka_io.address import PROBE_SLICE_SECONDS, BrokerUnreachableError, wait_for_broker
 from stream_anon.kafka_io.errors import BrokerUnavailableError
+from stream_anon.kafka_io.lifecycle import wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings, TopicLayout
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,53 @@ def client_options(k: KafkaSettings) -> dict[str, Any]:
     """The keyword arguments every kafka-python client gets: servers, client id, request timeout, security."""
     return {"bootstrap_servers": k.bootstrap_servers, "client_id": k.client_id,
             "request_timeout_ms": k.request_timeout_ms, **k.security_options()}
+
+
+def fetch_limits(k: KafkaSettings, *, partition_bytes: int | None = None) -> dict[str, Any]:
+    """The fetch and receive limits of a kafka-python consumer, the same for every consumer of the service:
+    ``kafka.fetch_max_bytes`` per fetch, ``kafka.max_partition_fetch_bytes`` per partition (``partition_bytes``:
+    another, at most ``kafka.fetch_max_bytes``, e.g. a reader of whole ledger chunks), and ``kafka.receive_max_bytes``
+    for a whole response (a larger one is refused, ``InvalidReceiveError``: a message above it cannot be read,
+    :mod:`stream_anon.kafka_io.oversized`)."""
+    per_partition = k.max_partition_fetch_bytes if partition_bytes is None else min(partition_bytes,
+                                                                                    k.fetch_max_bytes)
+    return {"fetch_max_bytes": k.fetch_max_bytes, "max_partition_fetch_bytes": per_partition,
+            "receive_message_max_bytes": k.receive_max_bytes}
+
+
+LIBRDKAFKA_SECURITY = {"sasl_mechanism": "sasl.mechanism", "sasl_plain_username": "sasl.username",
+                       "sasl_plain_password": "sasl.password",
+                       "sasl_kerberos_service_name": "sasl.kerberos.service.name", "ssl_cafile": "ssl.ca.location",
+                       "ssl_certfile": "ssl.certificate.location", "ssl_keyfile": "ssl.key.location",
+                       "ssl_password": "ssl.key.password", "ssl_crlfile": "ssl.crl.location"}
+"""The ``kafka`` security options -> librdkafka's property names."""
+
+
+def librdkafka_client_config(k: KafkaSettings) -> dict[str, Any]:
+    """The librdkafka properties every confluent-kafka client gets: servers, client id, timeouts, security
+    (translated: ``sasl_plain_username`` -> ``sasl.username``, ``ssl_cafile`` -> ``ssl.ca.location`` ...)."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": k.bootstrap_servers, "client.id": k.client_id,
+        "socket.connection.setup.timeout.ms": max(1000, k.connect_timeout_ms),
+        "security.protocol": k.security_protocol.lower(),
+    }
+    for option, prop in LIBRDKAFKA_SECURITY.items():
+        value = getattr(k, option)
+        if value is not None:
+            conf[prop] = value
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        conf["ssl.endpoint.identification.algorithm"] = "https" if k.ssl_check_hostname else "none"
+    return conf
+
+
+def librdkafka_fetch_limits(k: KafkaSettings, *, partition_bytes: int | None = None) -> dict[str, Any]:
+    """:func:`fetch_limits` in librdkafka's names (``receive.message.max.bytes`` is its response limit; its
+    ``message.max.bytes`` must not exceed ``fetch.max.bytes``); the local prefetch queue holds about one fetch."""
+    lim = fetch_limits(k, partition_bytes=partition_bytes)
+    return {"fetch.max.bytes": lim["fetch_max_bytes"], "max.partition.fetch.bytes": lim["max_partition_fetch_bytes"],
+            "receive.message.max.bytes": lim["receive_message_max_bytes"],
+            "message.max.bytes": max(1000, min(1000000, lim["fetch_max_bytes"])),
+            "queued.max.messages.kbytes": max(1024, lim["fetch_max_bytes"] // 1024)}
 
 
 def backoff_delays(max_seconds: float, first: float = 0.5) -> Iterator[float]:
@@ -71,13 +119,8 @@ def retry(what: str, fn: Callable[[], T], k: KafkaSettings, *, on_retry: Callabl
                         k.bootstrap_servers, why, attempt, delay)
             if on_retry is not None:
                 on_retry()
-            until = time.monotonic() + delay
-            while True:  # the backoff, in slices: a stop ends it within PROBE_SLICE_SECONDS
-                if stop is not None and stop():
-                    raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
-                if time.monotonic() >= until:
-                    break
-                time.sleep(min(PROBE_SLICE_SECONDS, until - time.monotonic()))
+            if wait_unless(delay, stop, PROBE_SLICE_SECONDS):  # a stop cuts the backoff short
+                raise BrokerUnavailableError(f"{what}: stopped while waiting for broker {k.bootstrap_servers}") from e
     raise AssertionError("unreachable")
 
 
@@ -165,11 +208,8 @@ def make_consumer(k: KafkaSettings, *, group_id: str | None) -> KafkaConsumer:
         session_timeout_ms=k.session_timeout_ms,
         heartbeat_interval_ms=min(k.heartbeat_interval_ms, max(100, k.session_timeout_ms // 3)),
         max_poll_interval_ms=k.max_poll_interval_ms, max_poll_records=k.max_poll_records,
-        fetch_max_bytes=k.fetch_max_bytes, max_partition_fetch_bytes=k.max_partition_fetch_bytes,
-        fetch_max_wait_ms=k.fetch_max_wait_ms,
+        fetch_max_wait_ms=k.fetch_max_wait_ms, **fetch_limits(k),
     ))
-
-
 
 
 def prepare_topics(k: KafkaSettings, names: Sequence[str], layout: TopicLayout, *, what: str = "create topics",

@@ -1,9 +1,15 @@
 """How the service's processes stop: bounded waits on the stop path, and children that never outlive their parent.
 
-Stopping (SIGTERM, Ctrl-C): every wait on the stop path is bounded.  Outputs get :data:`STOP_GRACE_SECONDS` (counted
-from the moment the stop was first noticed, shared by every flush of the stop path: :class:`StopClock`) to be
-acknowledged; what is not is left to the next owner (the ledger makes its re-send byte-identical).  Each Kafka client
-then gets :data:`CLOSE_TIMEOUT_SECONDS` to close (leave the group, drain what is in flight).
+Stopping (SIGTERM, Ctrl-C): every wait on the stop path is bounded, so that a process stops within
+:data:`STOP_DEADLINE_SECONDS` of the request in every state (broker up, stalled or frozen, a produce retry waiting
+out its backoff, a recovery scan).  Outputs get :data:`STOP_GRACE_SECONDS` (counted from the moment the stop was
+requested, shared by every wait of the stop path: :class:`StopClock`) to be acknowledged; what is not is left to
+the next owner (the ledger makes its re-send byte-identical).  Each Kafka client then gets
+:data:`CLOSE_TIMEOUT_SECONDS` to close (leave the group, drain what is in flight).  Every blocking call of a
+running loop is bounded by a request timeout of at most 3 s (:data:`LOOP_REQUEST_TIMEOUT_MS`) and every backoff
+sleep looks at the stop (:func:`wait_unless`), so the stop path starts within about 3 s of the request; :class:`StopDeadline` ends the
+process at :data:`STOP_DEADLINE_SECONDS` if something still holds it (one ERROR line, exit code 3: the next start
+recovers from the ledger), a last resort that the tests require never to fire.
 
 Orphans: a child process (pipeline worker, side-path process) calls :func:`die_with_parent` first thing.  On Linux
 the kernel then sends it ``SIGKILL`` when the parent dies, however it dies (``PR_SET_PDEATHSIG``, prctl(2)); as a
@@ -20,12 +26,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_SECONDS = 5.0
-"""On a stop: how long the stop path waits, in all, for outputs, ledger entries and the final commit to be
-acknowledged before it leaves them to the next owner (a restart re-sends them from the ledger)."""
+STOP_GRACE_SECONDS = 4.0
+"""On a stop: how long after the request the stop path waits, in all, for outputs, ledger entries and the final
+commit to be acknowledged before it leaves them to the next owner (a restart re-sends them from the ledger)."""
+LOOP_REQUEST_TIMEOUT_MS = 3000
+"""Longest any blocking request of a running loop may wait for its answer (the recovery reader's scans and ends, a
+committed offset, the broker checks, the side paths' commits): they are retried, and a stop is noticed between two
+attempts, so the stop path starts at most this long after the request even while the broker stalls."""
+STOP_DEADLINE_SECONDS = 9.0
+"""A stopping process that is still running this long after the request ends itself (:class:`StopDeadline`)."""
 CLOSE_TIMEOUT_SECONDS = 2.0
 """On a stop: how long each Kafka client may take to close (LeaveGroup, in-flight requests)."""
 MIN_CONSUMER_CLOSE_SECONDS = 0.5
@@ -38,25 +51,77 @@ _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 
 class StopClock:
-    """``give_up()``: true once ``stop_event`` has been set for ``grace`` seconds (the first call that sees it set
-    starts the clock).  Handed to the producers as their ``stop``: a flush on the stop path waits for acknowledgements
-    until the grace is over, then raises ``BrokerUnavailableError`` (outputs left to the next owner)."""
+    """``give_up()``: true once ``stop_event`` has been set for ``grace`` seconds, counted from the moment it was set
+    (a watcher thread notes it; a clock that sees the event set before its watcher did starts there).  Handed to the
+    producers as their ``stop``: a flush on the stop path waits for acknowledgements until the grace is over, then
+    raises ``BrokerUnavailableError`` (outputs left to the next owner)."""
 
     def __init__(self, stop_event: threading.Event, grace: float = STOP_GRACE_SECONDS) -> None:
         self.stop_event = stop_event
         self.grace = grace
         self._since: float | None = None
+        threading.Thread(target=self._watch, name="stop-clock", daemon=True).start()
+
+    def _watch(self) -> None:
+        self.stop_event.wait()
+        self.started()
+
+    def started(self) -> float:
+        """When the stop was requested (monotonic seconds); the first call after the event is set fixes it."""
+        if self._since is None:
+            self._since = time.monotonic()
+        return self._since
 
     def remaining(self) -> float:
         """Seconds of grace left (``grace`` while not stopping)."""
         if not self.stop_event.is_set():
             return self.grace
-        if self._since is None:
-            self._since = time.monotonic()
-        return max(0.0, self.grace - (time.monotonic() - self._since))
+        return max(0.0, self.grace - (time.monotonic() - self.started()))
 
     def give_up(self) -> bool:
         return self.stop_event.is_set() and self.remaining() <= 0.0
+
+
+def wait_unless(seconds: float, stop: Callable[[], bool] | None, slice_s: float = 0.1) -> bool:
+    """Sleep ``seconds`` in slices of ``slice_s``, returning early (True) as soon as ``stop()`` is true; False when
+    the time passed.  Every backoff sleep that a stop must be able to cut short uses it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if stop is not None and stop():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(slice_s, left))
+
+
+class StopDeadline:
+    """The last resort of :data:`STOP_DEADLINE_SECONDS`: once ``stop_event`` is set, a daemon thread waits that long
+    for :meth:`done`; if the process is still running then, it logs one ERROR line naming what still held it and
+    ends the process with ``exit_code`` (``os._exit``: its children die with it, :func:`die_with_parent`)."""
+
+    def __init__(self, stop_event: threading.Event, seconds: float = STOP_DEADLINE_SECONDS, exit_code: int = 3,
+                 what: Callable[[], str] = lambda: "") -> None:
+        self.stop_event = stop_event
+        self.seconds = seconds
+        self.exit_code = exit_code
+        self.what = what
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="stop-deadline", daemon=True).start()
+
+    def done(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        self.stop_event.wait()
+        if self._done.wait(self.seconds):
+            return
+        log.error("the stop did not finish within %.0f s of the request%s: exiting now with code %d (what was not "
+                  "acknowledged is left to the next start, which recovers from the ledger)", self.seconds,
+                  f" ({self.what()})" if self.what() else "", self.exit_code)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        os._exit(self.exit_code)
 
 
 class Closing:

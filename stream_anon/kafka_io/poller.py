@@ -9,16 +9,24 @@ would keep this interface).  What it does for its callers:
   that is not UTF-8) without naming the partition, and its next poll would spin on the same record.  The poller
   finds every assigned partition whose record at the consumer's position cannot be read (with a group-less
   :class:`~stream_anon.kafka_io.reader.PartitionReader`, made for the occasion and closed after), tells the caller
-  (``on_unreadable(partition, offset, error)``: True = taken, seek past it) and returns an empty batch; if no such
-  record is found, the error is raised.
+  (``on_unreadable(partition, offset, "corrupt_record", error)``: True = taken, seek past it) and returns an empty
+  batch; if no such record is found, the error is raised.
+* **Messages too large to receive** (a fetch response over ``kafka.receive_max_bytes``: kafka-python logs
+  ``InvalidReceiveError`` and retries forever): the log line arms the poller's
+  :class:`~stream_anon.kafka_io.oversized.OversizeSearch`, which hands the caller the readable records and the
+  unreadable batch by position (``"oversized"``), and the consumer moves past them.
 * **Failing polls** (:class:`FailingPolls`, optional): a poll that raises ``KafkaError`` (fenced, a failed join:
   the next poll rejoins) is logged and retried after a pause; when polls keep failing for longer than the bound
   while the broker answers, :class:`~stream_anon.kafka_io.errors.ConsumerFailedError`.  Without a policy the
   error is raised at once.
 * **Rebalance callbacks** (:meth:`GroupPoller.subscribe`): called with the partitions of the topic; what a
   callback raises is kept and raised after the poll that ran it (kafka-python only logs what a listener raises).
-* **Commits** of ``partition -> offset`` maps, synchronous or asynchronous (the callback gets the offsets and
-  the error or None); a failure is :class:`~stream_anon.kafka_io.errors.CommitFailedError`.
+* **Commits** of ``partition -> offset`` maps, with optional metadata per partition, synchronous or asynchronous
+  (the callback gets the offsets and the error or None); a failure is
+  :class:`~stream_anon.kafka_io.errors.CommitFailedError`.
+
+The same interface over confluent-kafka: :class:`~stream_anon.kafka_io.confluent_poller.ConfluentPoller`;
+:func:`~stream_anon.kafka_io.consumers.open_poller` makes the one ``kafka.consumer_client`` names.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from kafka.errors import CorruptRecordError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from stream_anon.kafka_io.errors import CommitFailedError, ConsumerFailedError
+from stream_anon.kafka_io.oversized import OversizeSearch
 from stream_anon.kafka_io.reader import PartitionReader
 
 log = logging.getLogger(__name__)
@@ -48,9 +57,11 @@ class PolledRecord(Protocol):
     timestamp: int | None
 
 
-Unreadable = Callable[[int, int, str], bool]
-"""(partition, offset, error) of a record the client cannot read -> True when the caller took it (the poller then
-seeks past it)."""
+Unreadable = Callable[[int, int, str, str], bool]
+"""(partition, offset, reason, error) of a record the client cannot read (reason ``"corrupt_record"`` or
+``"oversized"``) -> True when the caller took it (the poller moves past it); False: the caller moved the consumer
+where it wants it."""
+REASON_CORRUPT = "corrupt_record"
 CommitDone = Callable[[dict[int, int], "Exception | None"], None]
 """Called once an asynchronous commit is answered: (partition -> offset, the error or None)."""
 
@@ -58,6 +69,8 @@ CommitDone = Callable[[dict[int, int], "Exception | None"], None]
 class Poller(Protocol):
     """What the paths use of their group consumer (:class:`GroupPoller` implements it over kafka-python; another
     client library would implement the same, returning records with the attributes of :class:`PolledRecord`)."""
+
+    failures: FailingPolls | None
 
     def subscribe(self, on_assigned: Callable[[set[int]], None] | None = None,
                   on_revoked: Callable[[list[int]], None] | None = None) -> None: ...
@@ -72,9 +85,11 @@ class Poller(Protocol):
 
     def highwater(self, partition: int) -> int | None: ...
 
-    def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None) -> None: ...
+    def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None, *,
+                    metadata: Mapping[int, str] | None = None) -> None: ...
 
-    def commit_async(self, offsets: Mapping[int, int], done: CommitDone) -> None: ...
+    def commit_async(self, offsets: Mapping[int, int], done: CommitDone, *,
+                     metadata: Mapping[int, str] | None = None) -> None: ...
 
     def close(self, timeout_s: float) -> None: ...
 
@@ -134,12 +149,14 @@ class GroupPoller:
     """
 
     def __init__(self, consumer: KafkaConsumer, topic: str, *, max_records: int,
-                 reader: Callable[[], PartitionReader], failures: FailingPolls | None = None) -> None:
+                 reader: Callable[[], PartitionReader], failures: FailingPolls | None = None,
+                 search: OversizeSearch | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
         self.max_records = max_records
         self.reader = reader
         self.failures = failures
+        self.search = search
         self._deferred: BaseException | None = None
 
     def _tp(self, partition: int) -> TopicPartition:
@@ -163,6 +180,8 @@ class GroupPoller:
 
     def poll(self, timeout_ms: int, on_unreadable: Unreadable) -> dict[int, list[Any]]:
         """One poll: partition -> its records (in offset order); empty after a failed poll or a skipped record."""
+        if self.search is not None and self.search.armed:
+            return self._search(self.search, on_unreadable)
         try:
             batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.max_records)
         except CorruptRecordError as e:
@@ -191,12 +210,21 @@ class GroupPoller:
                 if pos is None or reader.first_readable(tp.topic, tp.partition, pos):
                     continue
                 found = True
-                if on_unreadable(tp.partition, pos, text):
+                if on_unreadable(tp.partition, pos, REASON_CORRUPT, text):
                     self.consumer.seek(tp, pos + 1)
         finally:
             reader.close()
         if not found:
             raise error
+
+    def _search(self, search: OversizeSearch, on_unreadable: Unreadable) -> dict[int, list[Any]]:
+        """A fetch response was too large: read the assigned partitions past what hides there."""
+        positions = {tp.partition: self.consumer.position(tp) for tp in sorted(self.consumer.assignment())
+                     if tp.topic == self.topic}
+        found = search.run(self.topic, positions, on_unreadable)
+        for p, nxt in found.next_offsets.items():
+            self.consumer.seek(self._tp(p), nxt)
+        return found.records
 
     # ------------------------------------------------------------------ positions
     def assignment(self) -> set[int]:
@@ -216,27 +244,32 @@ class GroupPoller:
         return None if hw is None else int(hw)
 
     # ------------------------------------------------------------------ commits
-    def _offsets(self, offsets: Mapping[int, int]) -> dict[TopicPartition, OffsetAndMetadata]:
-        return {self._tp(p): OffsetAndMetadata(o, None, -1) for p, o in offsets.items()}
+    def _offsets(self, offsets: Mapping[int, int],
+                 metadata: Mapping[int, str] | None = None) -> dict[TopicPartition, OffsetAndMetadata]:
+        meta = metadata or {}
+        return {self._tp(p): OffsetAndMetadata(o, meta.get(p), -1) for p, o in offsets.items()}
 
-    def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None) -> None:
-        """Commit ``offsets`` and wait for the answer (at most ``timeout_s``); :class:`CommitFailedError`."""
+    def commit_sync(self, offsets: Mapping[int, int], timeout_s: float | None = None, *,
+                    metadata: Mapping[int, str] | None = None) -> None:
+        """Commit ``offsets`` (with ``metadata`` per partition, when given) and wait for the answer (at most
+        ``timeout_s``); :class:`CommitFailedError`."""
         try:
             if timeout_s is None:
-                self.consumer.commit(self._offsets(offsets))
+                self.consumer.commit(self._offsets(offsets, metadata))
             else:
-                self.consumer.commit(self._offsets(offsets), timeout_ms=int(timeout_s * 1000))
+                self.consumer.commit(self._offsets(offsets, metadata), timeout_ms=int(timeout_s * 1000))
         except KafkaError as e:
             raise CommitFailedError(f"commit of {dict(offsets)} failed: {e!r}") from e
 
-    def commit_async(self, offsets: Mapping[int, int], done: CommitDone) -> None:
+    def commit_async(self, offsets: Mapping[int, int], done: CommitDone, *,
+                     metadata: Mapping[int, str] | None = None) -> None:
         """Send the commit of ``offsets``; ``done`` is called inside a later poll (or close) with the answer."""
         def callback(answered: dict[TopicPartition, OffsetAndMetadata], response: object) -> None:
             done({tp.partition: om.offset for tp, om in answered.items()},
                  response if isinstance(response, Exception) else None)
 
         try:
-            self.consumer.commit_async(self._offsets(offsets), callback=callback)
+            self.consumer.commit_async(self._offsets(offsets, metadata), callback=callback)
         except KafkaError as e:
             raise CommitFailedError(f"commit of {dict(offsets)} failed: {e!r}") from e
 
@@ -248,4 +281,6 @@ class GroupPoller:
             self.consumer.close(timeout_ms=int(timeout_s * 1000))
         except (KafkaError, OSError) as e:
             log.debug("consumer close failed: %r", e)
+        if self.search is not None:
+            self.search.close()
 

@@ -41,13 +41,20 @@ import kafka.errors as kafka_errors
 from kafka import KafkaProducer
 
 from stream_anon.formats.messages import Delivery, OutputMessage
-from stream_anon.kafka_io.clients import backoff_delays, client_options, no_auto_create, retry
+from stream_anon.kafka_io.clients import (
+    backoff_delays,
+    client_options,
+    librdkafka_client_config,
+    no_auto_create,
+    retry,
+)
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     MessageRejectedError,
     ProducerFatalError,
     ProducerStuckError,
 )
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, wait_unless
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -284,30 +291,31 @@ class ConfluentTransport:
 def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
     """The librdkafka properties of the ``kafka`` options (security options translated)."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": k.bootstrap_servers, "client.id": k.client_id, "acks": "all",
+        **librdkafka_client_config(k), "acks": "all",
         "enable.idempotence": k.enable_idempotence, "linger.ms": k.linger_ms, "batch.size": k.batch_size,
         "message.max.bytes": k.max_request_size, "request.timeout.ms": k.request_timeout_ms,
-        "socket.connection.setup.timeout.ms": max(1000, k.connect_timeout_ms),
         "queue.buffering.max.messages": 1_000_000,
-        "security.protocol": k.security_protocol.lower(),
         "allow.auto.create.topics": False,  # a topic that is gone stays gone until the broker guard sees it
     }
     if not k.enable_idempotence:
         conf["max.in.flight.requests.per.connection"] = 1  # keep each partition's order across retries
     if k.compression_type:
         conf["compression.type"] = k.compression_type
-    translated = {"sasl_mechanism": "sasl.mechanism", "sasl_plain_username": "sasl.username",
-                  "sasl_plain_password": "sasl.password", "sasl_kerberos_service_name": "sasl.kerberos.service.name",
-                  "ssl_cafile": "ssl.ca.location", "ssl_certfile": "ssl.certificate.location",
-                  "ssl_keyfile": "ssl.key.location", "ssl_password": "ssl.key.password",
-                  "ssl_crlfile": "ssl.crl.location"}
-    for option, prop in translated.items():
-        value = getattr(k, option)
-        if value is not None:
-            conf[prop] = value
-    if k.security_protocol in ("SSL", "SASL_SSL"):
-        conf["ssl.endpoint.identification.algorithm"] = "https" if k.ssl_check_hostname else "none"
     return conf
+
+
+class _FailedSend:
+    """A kafka-python send that failed before it was queued (e.g. no metadata within ``max_block_ms``): reported as a
+    failed delivery (re-sent, with the producer's backoff, once nothing else is in flight)."""
+
+    is_done = True
+    value = None
+
+    def __init__(self, error: BaseException) -> None:
+        self.exception = error
+
+    def succeeded(self) -> bool:
+        return False
 
 
 class KafkaPythonTransport:
@@ -323,8 +331,11 @@ class KafkaPythonTransport:
                 kafka_errors.TopicAuthorizationFailedError, kafka_errors.InvalidTopicError)
 
     def __init__(self, k: KafkaSettings) -> None:
+        # max_block_ms: a send waits at most this long for a topic's metadata (a topic that is gone, and is never
+        # auto-created, would hold the loop for kafka-python's default 60 s); it then fails like a delivery
         opts: dict[str, Any] = dict(acks="all", linger_ms=k.linger_ms, batch_size=k.batch_size,
-                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence)
+                                    max_request_size=k.max_request_size, enable_idempotence=k.enable_idempotence,
+                                    max_block_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
         if k.compression_type:
             opts["compression_type"] = k.compression_type
         self.producer = no_auto_create(KafkaProducer(**client_options(k), **opts))
@@ -334,14 +345,25 @@ class KafkaPythonTransport:
         return len(parts) if parts else 1
 
     def submit(self, batch: OutgoingBatch) -> None:
-        send, topic, partition, ts = self.producer.send, batch.topic, batch.partition, batch.timestamp_ms
+        topic, partition, ts = batch.topic, batch.partition, batch.timestamp_ms
+        no_metadata: list[BaseException] = []
+
+        def send(value: bytes | None, key: bytes | None, headers: Headers) -> Any:
+            if no_metadata:  # the batch's topic had no metadata: the rest of the batch fails at once
+                return _FailedSend(no_metadata[0])
+            try:
+                return self.producer.send(topic, value=value, key=key, partition=partition, headers=headers,
+                                          timestamp_ms=ts)
+            except kafka_errors.KafkaTimeoutError as e:  # no metadata within max_block_ms (the topic is gone?)
+                no_metadata.append(e)
+                return _FailedSend(e)
+
         try:
             if batch.per_message is None:
                 h = batch.headers
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
-                                 for k, v in zip(batch.keys, batch.values, strict=True)]
+                batch.handles = [send(v, k, h) for k, v in zip(batch.keys, batch.values, strict=True)]
             else:
-                batch.handles = [send(topic, value=v, key=k, partition=partition, headers=h, timestamp_ms=ts)
+                batch.handles = [send(v, k, h)
                                  for k, v, h in zip(batch.keys, batch.values, batch.per_message, strict=True)]
         except self.FATAL as e:
             raise ProducerFatalError(f"producer: {e!r}") from e
@@ -437,15 +459,17 @@ class OutputProducer:
         return src_partition % n
 
     def send(self, messages: Iterable[OutputMessage]) -> Receipt:
-        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers)."""
-        groups: dict[tuple[str, int], tuple[OutgoingBatch, list[Headers]]] = {}
+        """Send ``messages`` (each to ``partition_for(m.topic, m.src_partition)``, with its own headers and Kafka
+        timestamp)."""
+        groups: dict[tuple[str, int, int | None], tuple[OutgoingBatch, list[Headers]]] = {}
         parts: list[tuple[OutgoingBatch, range | list[int]]] = []
         for m in messages:
-            key = (m.topic, self.partition_for(m.topic, m.src_partition))
+            key = (m.topic, self.partition_for(m.topic, m.src_partition), m.timestamp_ms)
             g = groups.get(key)
             if g is None:
                 per_message: list[Headers] = []
-                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message), per_message)
+                g = groups[key] = (OutgoingBatch(key[0], key[1], [], [], per_message=per_message,
+                                                 timestamp_ms=key[2]), per_message)
             batch, headers = g
             parts.append((batch, [len(batch.values)]))
             batch.keys.append(m.key)
@@ -551,6 +575,12 @@ class OutputProducer:
                 self._failed.extend((x, sorted(x.errors)) for x in unchecked[i:])
                 raise
         while self._open or self._failed:
+            if self.stop is not None and self.stop():  # stopping and its grace is over: not one more slice
+                acked += self._settle(raise_errors=False)
+                n_left = sum(len(b) - b.resolved for b in self._open) + sum(len(i) for _b, i in self._failed)
+                if n_left or self._unchecked:
+                    raise BrokerUnavailableError(f"{n_left} {self.label} messages not acknowledged at shutdown")
+                break
             if self._open:  # short slices: a stop, a stuck client, the watchdog are noticed within a slice
                 self.transport.wait(min(wait_s, FLUSH_SLICE_SECONDS))
             acked += self._settle(raise_errors=True)
@@ -574,7 +604,9 @@ class OutputProducer:
             elif self._failed:  # re-sent in their order once nothing else is in flight
                 d = next(delays)
                 log.warning("%d %s messages not acknowledged; re-sending in %.1f s", n_failed, self.label, d)
-                time.sleep(d)
+                if wait_unless(d, self.stop):  # a stop cuts the backoff short (its grace is over)
+                    raise BrokerUnavailableError(f"{n_failed} {self.label} messages not acknowledged at shutdown "
+                                                 f"(waiting to re-send them)")
                 failed, self._failed = self._failed, []
                 for b, idx in failed:
                     self._submit(b.subset(idx))  # (then the count: a re-send does not restart the stuck clock)

@@ -12,7 +12,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
 
-from stream_anon.kafka_io.clients import client_options, no_auto_create
+from stream_anon.kafka_io.clients import client_options, fetch_limits, no_auto_create
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,13 @@ class PartitionReader:
     Its waits scale with ``kafka.request_timeout_ms`` (30 s by default: an end offset within one request timeout, a
     read that makes no progress for two), so a caller that must notice a stop quickly gives it a shorter one."""
 
-    def __init__(self, kafka: KafkaSettings) -> None:
+    def __init__(self, kafka: KafkaSettings, *, stop: Callable[[], bool] | None = None) -> None:
         self.kafka = kafka
+        self.stop = stop  # true: a read or a wait for an end gives up at once (KafkaTimeoutError)
         self.request_timeout_s = kafka.request_timeout_ms / 1000.0
         self.consumer = no_auto_create(KafkaConsumer(
             **client_options(kafka), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_partition_fetch_bytes=4 * 1048576, fetch_max_wait_ms=20))
+            fetch_max_wait_ms=20, **fetch_limits(kafka, partition_bytes=4 * 1048576)))
 
     def close(self) -> None:
         self.consumer.close()
@@ -63,6 +64,7 @@ class PartitionReader:
             c.poll(timeout_ms=200, max_records=1)
             if time.monotonic() > deadline:
                 raise KafkaTimeoutError(f"no fetch response for {tp} within {timeout_s} s")
+            self._check_stop(tp)
         return begin, int(c.highwater(tp))  # type: ignore[arg-type]
 
     def _read(self, tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
@@ -92,7 +94,13 @@ class PartitionReader:
                 break
             elif now > deadline:
                 raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for {stall_s:g} s")
+            if not recs:
+                self._check_stop(tp)
         return got
+
+    def _check_stop(self, tp: TopicPartition) -> None:
+        if self.stop is not None and self.stop():
+            raise KafkaTimeoutError(f"read of {tp} given up: stopping")
 
     def _answers(self, tp: TopicPartition) -> bool:
         """Whether the broker answers a ListOffsets request for ``tp`` now (an empty fetch is then a gap)."""

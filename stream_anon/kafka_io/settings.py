@@ -15,6 +15,8 @@ from typing import Any
 
 PRODUCER_CLIENTS = ("confluent-kafka", "kafka-python")
 """The producer's client libraries (``kafka.producer_client``)."""
+CONSUMER_CLIENTS = ("confluent-kafka", "kafka-python")
+"""The group consumer's client libraries (``kafka.consumer_client``): the main path's and the side paths'."""
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})?")
 _FORMAT = "HOST:PORT[,HOST:PORT...] (a port 1-65535; IPv6 as [ADDRESS]:PORT)"
@@ -53,6 +55,13 @@ DEFAULT_MIN_INSYNC_REPLICAS = 2
 """``min.insync.replicas`` of a created topic with 3 or more replicas when ``topics.min_insync_replicas`` is unset: an
 acknowledged write (``acks=all``) is on 2 brokers, so one broker's loss loses nothing and one broker down stops
 no write (docs/deploy.md, "On a replicated cluster")."""
+FALLBACK_MESSAGE_MAX_BYTES = 1_048_588
+"""Apache Kafka's default ``message.max.bytes``: the output bound when the broker does not report its own
+(:mod:`stream_anon.kafka_io.limits`)."""
+MIN_OUTPUT_BOUND = 16 * 1024
+"""The smallest output bound the service runs with (every fixed part of a message, e.g. a dead letter's fields,
+fits); ``service.max_output_bytes`` below it is refused."""
+
 COMPACTED_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact"}
 """Topic configuration of a compacted topic (the ledger: docs/threat-model.md, "Bounded growth")."""
 
@@ -83,6 +92,7 @@ class KafkaSettings:
     fetch_max_bytes: int = 52428800
     fetch_max_wait_ms: int = 100
     max_partition_fetch_bytes: int = 1048576
+    receive_max_bytes: int = 100000000  # the largest fetch response a consumer accepts (kafka.consumer_client's)
     linger_ms: int = 20
     batch_size: int = 262144
     compression_type: str | None = None
@@ -93,6 +103,7 @@ class KafkaSettings:
     startup_retry_seconds: float = 300.0  # give up connecting at start after this long (0 = forever)
     retry_backoff_max_seconds: float = 30.0
     producer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the producer's client library
+    consumer_client: str = "confluent-kafka"  # confluent-kafka | kafka-python: the group consumers' client library
 
     def security_options(self) -> dict[str, Any]:
         """The SASL/SSL keyword arguments for kafka-python clients (only those set)."""

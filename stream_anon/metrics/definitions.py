@@ -164,7 +164,11 @@ class ServiceMetrics:
                                   ["topic", "partition"], registry=r)
         self.seconds_since_progress = Gauge("stream_anon_seconds_since_progress",
                                             "Seconds since a consumed position or committed offset last moved while "
-                                            "there was lag (0 when there is no lag)", registry=r)
+                                            "there was lag or the broker did not answer (0 when there is nothing to "
+                                            "do)", registry=r)
+        self.broker_unanswered_seconds = Gauge("stream_anon_broker_unanswered_seconds",
+                                               "Seconds since the broker last answered the lag monitor (0 while it "
+                                               "answers; the lag is then the last one read)", registry=r)
         self.commit_watermark = Gauge("stream_anon_commit_watermark",
                                       "Committed offset: lowest offset still buffered", ["topic", "partition"], registry=r)
         self.internal_errors = Counter("stream_anon_internal_errors",

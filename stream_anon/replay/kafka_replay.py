@@ -81,6 +81,8 @@ class ReplayStats:
     interrupted: str | None = None  # the signal that stopped the replay (SIGINT, SIGTERM), if any
     flush_timed_out: bool = False  # the final producer flush did not finish in time
     end_of_stream_cut: bool = False  # interrupted while sending the end-of-stream markers
+    unconfirmed: int = 0  # "acknowledged" with offset -1: maybe not stored (not counted in records_acked)
+    stored: int | None = None  # records of this replay the broker holds, read back (when acks left doubt)
 
     @property
     def rate_achieved(self) -> float:
@@ -90,7 +92,14 @@ class ReplayStats:
     @property
     def unacknowledged(self) -> int:
         """Records handed to the producer with neither an acknowledgement nor an error."""
-        return max(self.records_sent - self.records_acked - self.errors, 0)
+        return max(self.records_sent - self.records_acked - self.unconfirmed - self.errors, 0)
+
+    @property
+    def complete(self) -> bool:
+        """Every record sent is stored: acknowledged with an offset, or (acknowledged without one, or failed)
+        found when read back."""
+        held = self.stored if self.stored is not None else self.records_acked
+        return held == self.records_sent and not self.unacknowledged
 
     def summary(self) -> str:
         target = f"{self.target_rate:,.0f} rec/s" if self.target_rate > 0 else "as fast as possible"
@@ -98,9 +107,15 @@ class ReplayStats:
         eos = (f"; end-of-stream flush sent to {len(self.end_of_stream_partitions)} partition(s)"
                if self.end_of_stream_partitions else "")
         late = f"; {self.unacknowledged:,} not acknowledged in time" if self.unacknowledged else ""
-        return (f"replayed {self.records_acked:,} records ({self.records_sent:,} sent, {self.errors} errors) to "
-                f"{self.topic!r} ({self.partitions} partitions, {self.passes} pass(es){seed}) in {self.seconds:.2f} s: "
-                f"{self.rate_achieved:,.0f} rec/s achieved, target {target}{eos}{late}")
+        doubt = (f", {self.unconfirmed:,} acknowledged without an offset (maybe not stored)" if self.unconfirmed
+                 else "")
+        held = self.stored if self.stored is not None else self.records_acked
+        back = (f"; read back: the broker holds {self.stored:,} of the {self.records_sent:,} records sent"
+                if self.stored is not None else "")
+        return (f"replayed {held:,} records ({self.records_sent:,} sent, {self.records_acked:,} acknowledged with an "
+                f"offset{doubt}, {self.errors} errors) to {self.topic!r} ({self.partitions} partitions, {self.passes} "
+                f"pass(es){seed}) in {self.seconds:.2f} s: {self.rate_achieved:,.0f} rec/s achieved, target "
+                f"{target}{eos}{late}{back}")
 
     def interrupted_summary(self) -> str:
         """One line for a replay stopped by a signal."""
@@ -294,12 +309,19 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         total = min(total, limit)
     counts = stats.partition_counts
 
-    def on_ok(md: Any) -> None:
+    doubtful: list[bytes | None] = []  # keys of the records acknowledged without an offset or failed
+
+    def on_ok(key: bytes | None, md: Any) -> None:
+        if md.offset is None or md.offset < 0:  # Tansu's DUPLICATE_SEQUENCE_NUMBER answer: maybe not stored
+            stats.unconfirmed += 1
+            doubtful.append(key)
+            return
         stats.records_acked += 1
         counts[md.partition] = counts.get(md.partition, 0) + 1
 
-    def on_error(exc: BaseException) -> None:
+    def on_error(key: bytes | None, exc: BaseException) -> None:
         stats.errors += 1
+        doubtful.append(key)
         if stats.errors <= 5:
             log.error("produce to %r failed: %s", topic, exc)
 
@@ -312,6 +334,15 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
         if create_topic:
             stats.partitions = ensure_topic(bootstrap_servers, topic, partitions, client_config=client_config,
                                             connect_timeout_s=connect_timeout_s)
+        # where this replay's records begin (a read-back after doubtful acknowledgements starts there); with a
+        # producer of the caller's, its own bootstrap servers, and the read-back (if any) from the beginning
+        read_bs = bootstrap_servers if own_producer else _bootstrap_of(producer)
+        before: dict[int, int] = {}
+        if own_producer:
+            try:
+                before = topic_ends(bootstrap_servers, topic, client_config)
+            except (KafkaError, OSError) as e:  # (an unreachable broker is reported by the producer just below)
+                log.debug("replay: ends of %r not read: %r", topic, e)
         if own_producer:
             producer = make_producer(bootstrap_servers, producer_config, connect_timeout_s=connect_timeout_s)
         bar = ProgressBar(total, label=f"replay -> {topic}", enabled=progress)
@@ -337,7 +368,7 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
             value = encode_record(rec)
             if interrupts is not None:
                 interrupts.deferring = True  # a signal now is raised after the send: the count stays exact
-            send(topic, key=key, value=value).add_callback(on_ok).add_errback(on_error)
+            send(topic, key=key, value=value).add_callback(on_ok, key).add_errback(on_error, key)
             sent += 1
             if sent == 1:
                 stats.first_id = rid
@@ -354,6 +385,8 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
             stats.flush_timed_out = True
             log.error("replay: %d records not acknowledged within %g s", sent - stats.records_acked - stats.errors,
                       flush_timeout_s)
+        if doubtful and read_bs:  # acknowledgements without an offset, or failures: what does the broker hold?
+            stats.stored = stats.records_acked + found_in(read_bs, topic, before, doubtful, client_config)
         if end_of_stream and not stats.flush_timed_out:
             stats.end_of_stream_cut = True  # until every marker is acknowledged
             stats.end_of_stream_partitions = send_end_of_stream(producer, topic, timeout_s=flush_timeout_s)
@@ -385,6 +418,74 @@ def replay_records(records: Iterable[Mapping[str, Any]], topic: str, bootstrap_s
                     log.error("replay: broker %s stopped answering: %d records not acknowledged", bootstrap_servers,
                               sent - stats.records_acked - stats.errors)
     return stats
+
+
+def _bootstrap_of(producer: Any) -> str | None:
+    """The bootstrap servers of a kafka-python producer given by the caller (None: not known)."""
+    servers = getattr(producer, "config", {}).get("bootstrap_servers") if hasattr(producer, "config") else None
+    if isinstance(servers, str):
+        return servers
+    if isinstance(servers, list | tuple) and servers:
+        return ",".join(str(x) for x in servers)
+    return None
+
+
+def topic_ends(bootstrap_servers: str, topic: str, client_config: Mapping[str, Any] | None = None,
+               timeout_s: float = 10.0) -> dict[int, int]:
+    """Partition -> end offset of ``topic`` (from a fetch's highwater: Tansu's ``end_offsets`` is wrong); empty for
+    a topic that does not exist."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                             **dict(client_config or {}))
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return {}
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=100, max_records=1)
+        return {tp.partition: int(consumer.highwater(tp) or 0) for tp in tps}
+    finally:
+        consumer.close()
+
+
+def found_in(bootstrap_servers: str, topic: str, before: Mapping[int, int], keys: Sequence[bytes | None],
+             client_config: Mapping[str, Any] | None = None, timeout_s: float = 60.0) -> int:
+    """How many of ``keys`` (records acknowledged without an offset, or failed) the broker holds after the offsets
+    ``before`` (partition -> end before the replay): the records a replay wrote are read back.  Records without a
+    key are counted by number: every keyless record in the range counts (the replay is then taken to be the topic's
+    only writer)."""
+    want: dict[bytes | None, int] = {}
+    for k in keys:
+        want[k] = want.get(k, 0) + 1
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", **dict(client_config or {}))
+    found = 0
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, before.get(tp.partition, 0))
+        deadline = time.monotonic() + timeout_s
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=200, max_records=10000)
+            for recs in batch.values():
+                for r in recs:
+                    if want.get(r.key, 0) > 0:
+                        want[r.key] -= 1
+                        found += 1
+            if batch:
+                idle_since = time.monotonic()
+            caught_up = all(consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp)
+                            for tp in tps)
+            if caught_up or time.monotonic() - idle_since > 5.0:  # (an end-of-partition gap: nothing more comes)
+                break
+        return found
+    finally:
+        consumer.close()
 
 
 def close_producer(producer: KafkaProducer, timeout_s: float) -> None:

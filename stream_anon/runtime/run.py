@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.broker import EmbeddedBroker
 from stream_anon.kafka_io.lifecycle import (
-    CLOSE_TIMEOUT_SECONDS,
+    StopDeadline,
     quiet_client_libraries,
     quiet_closing_clients,
 )
@@ -25,6 +25,9 @@ from stream_anon.service.liveness import LoopHeartbeat
 from stream_anon.service.wiring import with_release_secret
 
 log = logging.getLogger(__name__)
+
+EMBEDDED_BROKER_STOP_SECONDS = 1.0
+"""The embedded broker (memory storage: it keeps nothing anyway) gets this long to exit on SIGTERM, then SIGKILL."""
 
 
 def start_metrics(cfg: Config, registry: CollectorRegistry, heartbeat: LoopHeartbeat | None = None) -> None:
@@ -102,6 +105,8 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
     memory = broker is not None and not broker.durable
     heartbeat = LoopHeartbeat(cfg.service.healthz_stall_seconds)
     main: MainPath | None = None
+    phase = ["the main path"]
+    deadline = StopDeadline(stop_event, what=lambda: f"waiting for {phase[0]}")  # the last resort of a stop
     try:
         start_metrics(cfg, registry, heartbeat)
         side = SidePaths(cfg, metrics, stop_event, new_budget=new_budget)
@@ -117,13 +122,18 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
             rc = main.run()
         finally:
             stop_event.set()
+            phase[0] = "the side paths"
             side.stop()
             if side.mode == "process":
                 log.info("side-path process stopped")
         return 2 if refused else rc
     finally:
         if broker is not None:
-            broker.stop(timeout_s=CLOSE_TIMEOUT_SECONDS)
+            phase[0] = "the embedded broker"
+            # every client of this process is closed (a lag-monitor round may still be connecting): their
+            # connection-reset chatter when the broker goes is not an error here
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)
+            broker.stop(timeout_s=EMBEDDED_BROKER_STOP_SECONDS)
             log.info("embedded broker stopped")
             if main is not None and main.ready.is_set():
                 print(f"stream-anon run: the embedded broker {broker.bootstrap_servers} is gone, with its topics: "
@@ -132,3 +142,4 @@ def run_service(cfg: Config, *, stop_event: threading.Event | None = None,
         if main is not None and main.ready.is_set():  # the final line: what the main path left
             print(f"stream-anon run: stopped: {stop_line(stop_counts(main), memory_broker=memory)}", file=sys.stderr,
                   flush=True)
+        deadline.done()

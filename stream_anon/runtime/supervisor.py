@@ -31,6 +31,7 @@ from stream_anon.config.settings import Config
 from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
+    StopDeadline,
     die_with_parent,
     quiet_client_libraries,
     quiet_closing_clients,
@@ -43,7 +44,11 @@ log = logging.getLogger(__name__)
 
 SIDE_STOP_SECONDS = STOP_GRACE_SECONDS + CLOSE_TIMEOUT_SECONDS + 1.0
 """How long the side-path process may take to stop after the request (its own stop path: the stop grace for its
-final flush, then its consumer and producer close) before it is killed."""
+final flush, then its consumer and producer close) before it is killed.  It ends itself before that
+(:data:`SIDE_SELF_STOP_SECONDS`), so the kill is the last resort of a last resort."""
+SIDE_SELF_STOP_SECONDS = SIDE_STOP_SECONDS - 1.0
+"""The side-path process's own deadline after the stop request (:class:`~stream_anon.kafka_io.lifecycle.
+StopDeadline`, exit code 3)."""
 REPORT_SECONDS = 0.25
 """How often the child process looks at its pipe (stop requests, status requests, the service gone)."""
 
@@ -195,6 +200,7 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
     quiet_closing_clients()
     metrics = ServiceMetrics(CollectorRegistry(), parts=frozenset({SIDE}))  # only the side paths' metrics
     stop = threading.Event()
+    StopDeadline(stop, SIDE_SELF_STOP_SECONDS, what=lambda: "the side paths' stop")  # never killed by the parent
     status = SideStatus()
     if cfg.service.side_metrics_port:
         stall = cfg.service.healthz_stall_seconds

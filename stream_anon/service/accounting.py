@@ -15,6 +15,8 @@ from stream_anon.service.ledger import (
     KIND_DLQ,
     KIND_SUPPRESSED,
     Checkpoint,
+    ChunkAssembler,
+    EntryChunk,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
@@ -51,7 +53,14 @@ class AccountingReport:
     rewrites: int = 0  # identical copies of an entry (a producer retry), counted once
     duplicates: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in two entries
     missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) in no entry
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+    """(partition, offset) in no entry that hold no record in the input (a gap the broker left: nothing to account
+    for); filled by :meth:`AccountingReport.split_gaps` from a read of the input"""
     corrupt: list[tuple[int, int, str]] = field(default_factory=list)  # (partition, ledger offset, error)
+    chunked: int = 0  # entries read as chunks (a large entry: ledger.EntryChunk)
+    incomplete: list[tuple[int, str, int, int]] = field(default_factory=list)
+    """(partition, release id, chunks read, chunks written) of chunked entries missing chunks: a crash between
+    chunks; they count for nothing (their records were processed again)"""
 
     @property
     def ok(self) -> bool:
@@ -60,6 +69,12 @@ class AccountingReport:
     @property
     def accounted(self) -> int:
         return sum(self.outcomes.values())
+
+    def split_gaps(self, holding: set[tuple[int, int]]) -> None:
+        """Of the offsets in no entry, those not in ``holding`` (the offsets where the input holds a record) are
+        gaps, not lost records: moved from ``missing`` to ``gaps``."""
+        self.gaps = [m for m in self.missing if m not in holding]
+        self.missing = [m for m in self.missing if m in holding]
 
 
 class LedgerAccounting:
@@ -78,6 +93,7 @@ class LedgerAccounting:
         self._promised: dict[str, dict[bytes, str]] = {r: {} for r in ROLES}
         self.record_ids: dict[tuple[int, int], Any] = {}
         self.class_members: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._chunks: dict[int, ChunkAssembler] = {}  # per partition
 
     def add(self, partition: int, records: Iterable[LedgerRecord]) -> None:
         rep = self._report
@@ -96,36 +112,51 @@ class LedgerAccounting:
             if isinstance(item, Checkpoint):
                 rep.checkpoints += 1
                 continue
-            prev = self._values.get(item.key)
-            if prev is not None and prev == rec.value:
-                rep.rewrites += 1
-                continue
-            self._values[item.key] = rec.value
-            rep.entries += 1
-            if self.keep_entries:
-                self.entries.append((partition, item))
-            outcome = item.outcome
-            for i, o in enumerate(item.offsets):
-                k = (partition, o)
-                if k in self._outcome:
-                    rep.duplicates.append(k)
+            value = rec.value
+            if isinstance(item, EntryChunk):
+                try:
+                    whole = self._chunks.setdefault(partition, ChunkAssembler()).add(rec.offset, item)
+                except LedgerFormatError as e:
+                    rep.corrupt.append((partition, rec.offset, str(e)))
                     continue
-                self._outcome[k] = outcome
-                rep.outcomes[outcome] = rep.outcomes.get(outcome, 0) + 1
-                if item.record_ids:
-                    self.record_ids[k] = item.record_ids[i]
-            if item.kind == KIND_CLASS:
-                rep.classes += 1
-                assert item.class_id is not None
-                self.class_members[item.class_id] = tuple((partition, o) for o in item.offsets)
-            elif item.kind == KIND_SUPPRESSED:
-                assert item.reason is not None
-                rep.suppressed_reasons[item.reason] = rep.suppressed_reasons.get(item.reason, 0) + len(item.offsets)
-            elif item.kind == KIND_DLQ:
-                assert item.reason is not None
-                rep.dlq_reasons[item.reason] = rep.dlq_reasons.get(item.reason, 0) + 1
-            for m in item.outputs:
-                self._promised[m.role][m.digest()] = item.release_id
+                if whole is None:
+                    continue
+                item, value = whole[0], whole[0].encode()
+                rep.chunked += 1
+            self._entry(partition, item, value)
+
+    def _entry(self, partition: int, item: LedgerEntry, value: bytes) -> None:
+        rep = self._report
+        prev = self._values.get(item.key)
+        if prev is not None and prev == value:
+            rep.rewrites += 1
+            return
+        self._values[item.key] = value
+        rep.entries += 1
+        if self.keep_entries:
+            self.entries.append((partition, item))
+        outcome = item.outcome
+        for i, o in enumerate(item.offsets):
+            k = (partition, o)
+            if k in self._outcome:
+                rep.duplicates.append(k)
+                continue
+            self._outcome[k] = outcome
+            rep.outcomes[outcome] = rep.outcomes.get(outcome, 0) + 1
+            if item.record_ids:
+                self.record_ids[k] = item.record_ids[i]
+        if item.kind == KIND_CLASS:
+            rep.classes += 1
+            assert item.class_id is not None
+            self.class_members[item.class_id] = tuple((partition, o) for o in item.offsets)
+        elif item.kind == KIND_SUPPRESSED:
+            assert item.reason is not None
+            rep.suppressed_reasons[item.reason] = rep.suppressed_reasons.get(item.reason, 0) + len(item.offsets)
+        elif item.kind == KIND_DLQ:
+            assert item.reason is not None
+            rep.dlq_reasons[item.reason] = rep.dlq_reasons.get(item.reason, 0) + 1
+        for m in item.outputs:
+            self._promised[m.role][m.digest()] = item.release_id
 
     def outcome(self, partition: int, offset: int) -> str | None:
         return self._outcome.get((partition, offset))
@@ -136,6 +167,8 @@ class LedgerAccounting:
         ``[begin, end)`` (begin default 0) must be accounted, else it is listed in ``missing``."""
         rep = self._report
         rep.missing = []
+        rep.incomplete = [(p, c.release_id, have, c.count) for p, a in sorted(self._chunks.items())
+                          for _eid, c, have in a.incomplete()]
         for p, end in sorted((input_ends or {}).items()):
             begin = (input_begins or {}).get(p, 0)
             rep.missing.extend((p, o) for o in range(begin, end) if (p, o) not in self._outcome)

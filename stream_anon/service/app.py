@@ -24,7 +24,8 @@ health (:mod:`~stream_anon.service.broker_health`), the producer-failure policy
 Exit codes (what ends a run, and how): 0 stopped; 1 a worker failed, a producer kept failing (more than
 ``PRODUCER_RECREATIONS_MAX`` failures in a row while the broker answers), a message was refused for good, or the
 group consumer's polls kept failing; 2 a configuration the broker refuses (the ledger topic missing with
-``topics.create`` false, a ledger shared with another consumer group); 3 the broker unreachable at start, or gone
+``topics.create`` false, a ledger shared with another consumer group, a message size limit below
+:data:`~stream_anon.kafka_io.limits.MIN_OUTPUT_BOUND`, a ledger with fewer partitions than the input); 3 the broker unreachable at start, or gone
 while the stop path waited for it (nothing more committed: a restart recovers from the ledger); 4 the broker lost
 data (:mod:`stream_anon.service.broker_guard`; what the producers hold is abandoned).
 """
@@ -36,6 +37,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from stream_anon.config.settings import Config
@@ -49,14 +51,21 @@ from stream_anon.kafka_io.errors import (
 )
 from stream_anon.kafka_io.lifecycle import Closing, StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
+from stream_anon.privacy.base import crypto_rng
 from stream_anon.service.broker_guard import EXIT_DATA_LOSS, BrokerDataLossError
-from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MissingLedgerError, open_main_clients
+from stream_anon.service.clients import (
+    LOOP_REQUEST_TIMEOUT_MS,
+    MissingLedgerError,
+    OutputBoundError,
+    TopicLayoutError,
+    open_main_clients,
+)
 from stream_anon.service.committer import CommitProgress
 from stream_anon.service.failure_policy import PRODUCER_RECREATIONS_MAX
 from stream_anon.service.liveness import LoopHeartbeat, LoopView
 from stream_anon.service.loop import MainLoop
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
-from stream_anon.service.recovery import LedgerConflictError
+from stream_anon.service.recovery import LedgerConflictError, LedgerLostError
 from stream_anon.service.totals import MainPathTotals
 from stream_anon.service.wiring import (
     load_schema,
@@ -88,7 +97,7 @@ class MainPath:
     def __init__(self, cfg: Config, *, metrics: ServiceMetrics | None = None, schema: Schema | None = None,
                  engine_factory: Callable[[int], EngineLike] | None = None,
                  stop_event: threading.Event | None = None, secret_generated: bool = False,
-                 heartbeat: LoopHeartbeat | None = None) -> None:
+                 heartbeat: LoopHeartbeat | None = None, release_rng: np.random.Generator | None = None) -> None:
         if cfg.release.secret is None:
             cfg, secret = with_release_secret(cfg)
             secret_generated = secret.generated
@@ -107,6 +116,8 @@ class MainPath:
         self.progress = CommitProgress()
         self.heartbeat = heartbeat or LoopHeartbeat(cfg.service.healthz_stall_seconds)  # ticked every iteration
         self.view = LoopView()  # for the lag monitor: assigned partitions, consumed positions (replaced, never mutated)
+        # the shuffle of each release tick's classes: ChaCha20 from OS entropy (or anonymization.seed when set)
+        self.release_rng = release_rng if release_rng is not None else crypto_rng(cfg.anonymization.seed)
         self.metrics.k_parameter.set(cfg.anonymization.k)
         self.metrics.delay_bound_arrivals.set(cfg.anonymization.delta)
 
@@ -132,14 +143,18 @@ class MainPath:
             pipelines = stack.enter_context(ExitStack())  # unwound last: the pipelines outlive the clients
             try:
                 clients = open_main_clients(self.cfg, stack, metrics=self.metrics, stopping=self.stop_event.is_set,
-                                            stop_clock=self.stop_clock, closing=closing, owned=self.table.partitions)
+                                            stop_clock=self.stop_clock, closing=closing, owned=self.table.partitions,
+                                            alive=self.heartbeat.tick)
             except BrokerUnavailableError as e:
                 log.error("%s", e)
                 closing.broker_silent()
                 return 3
-            except MissingLedgerError as e:
+            except (MissingLedgerError, OutputBoundError, TopicLayoutError) as e:
                 log.error("%s", e)
                 return 2
+            # the pipelines (and their workers) build every output within the bound read from the broker
+            self.cfg = self.cfg.with_options({"service.max_output_bytes": clients.bound.bytes},
+                                             origin="the broker's message size limit")
             backend = self._backend()
             pipelines.callback(backend.close)
             rc = self._run(MainLoop(self, clients, backend), closing)
@@ -151,7 +166,7 @@ class MainPath:
     def _backend(self) -> Backend:
         cfg = self.cfg
         if cfg.service.workers > 0 and not self._custom_engine:
-            return ProcessBackend(cfg, cfg.service.workers)
+            return ProcessBackend(cfg, cfg.service.workers, stop=self.stop_event.is_set)
         return InlineBackend(self.schema, pipeline_settings(cfg), self.engine_factory,
                              make_entry_factory(cfg, self.schema))
 
@@ -166,7 +181,20 @@ class MainPath:
                       self.cfg.kafka.bootstrap_servers, e, EXIT_DATA_LOSS)
             closing.abandon()
             rc = EXIT_DATA_LOSS
-        except (WorkerError, ProducerFatalError, MessageRejectedError, ConsumerFailedError) as e:
+        except LedgerLostError as e:
+            log.error("%s (exit code %d on every start until the operator acts: docs/service.md, \"A topic that was "
+                      "deleted or recreated\")", e, EXIT_DATA_LOSS)
+            closing.abandon()
+            rc = EXIT_DATA_LOSS
+        except ProducerFatalError as e:
+            if self.stop_event.is_set():  # a stop while the producers were failing: left to the next start
+                log.error("%s; stopped meanwhile: stopping without committing what is not acknowledged (a restart "
+                          "recovers from the ledger)", e)
+                rc = 3
+            else:
+                log.error("%s; stopping with exit code 1 (a restart recovers from the ledger)", e)
+                rc = 1
+        except (WorkerError, MessageRejectedError, ConsumerFailedError) as e:
             log.error("%s; stopping with exit code 1 (a restart recovers from the ledger)", e)
             rc = 1
         except BrokerUnavailableError as e:  # stopped while the broker was away: outputs not acknowledged
@@ -177,7 +205,7 @@ class MainPath:
             rc = 2
         finally:
             ok = loop.finish(clean=rc == 0)
-            if not (ok and rc == 0):
+            if not (ok and rc == 0) or loop.broker_silent:
                 closing.broker_silent()  # the broker did not answer, or the run failed: no client waits again
             if not ok and rc == 0:
                 rc = 3

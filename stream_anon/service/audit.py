@@ -107,6 +107,39 @@ def partition_ends(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.
         consumer.close()
 
 
+def records_at(bootstrap_servers: str, topic: str, offsets: Sequence[tuple[int, int]], *, timeout_s: float = 60.0,
+               idle_s: float = 3.0, client_options: dict[str, Any] | None = None) -> set[tuple[int, int]]:
+    """Which of ``offsets`` ((partition, offset) pairs) hold a record in ``topic``: each run of consecutive
+    offsets is read (a fetch skips offsets that hold nothing).  A run that gets no record for ``idle_s`` while the
+    broker answers holds none beyond what was read (Tansu's durable storage killed between a partition's end and its
+    batch leaves offsets at the end that no fetch ever returns, docs/tansu.md)."""
+    runs: list[tuple[int, int, int]] = []  # (partition, first, end)
+    for p, o in sorted(set(offsets)):
+        if runs and runs[-1][0] == p and runs[-1][2] == o:
+            runs[-1] = (p, runs[-1][1], o + 1)
+        else:
+            runs.append((p, o, o + 1))
+    held: set[tuple[int, int]] = set()
+    consumer = _consumer(bootstrap_servers, client_options)
+    try:
+        deadline = time.monotonic() + timeout_s
+        for p, lo, hi in runs:
+            tp = TopicPartition(topic, p)
+            consumer.assign([tp])
+            consumer.seek(tp, lo)
+            last = time.monotonic()
+            while consumer.position(tp) < hi and time.monotonic() < deadline:
+                recs = consumer.poll(timeout_ms=200, max_records=10000).get(tp, [])
+                held.update((p, r.offset) for r in recs if lo <= r.offset < hi)
+                if recs:
+                    last = time.monotonic()
+                elif time.monotonic() - last > idle_s:
+                    break
+        return held
+    finally:
+        consumer.close()
+
+
 @dataclass
 class OutputSnapshot:
     """The ledger and the output topics, checked against each other (see the module docstring)."""
@@ -145,6 +178,9 @@ def collect_outputs(bootstrap_servers: str, *, input_topic: str, anon: str, supp
     for p, recs in sorted(by_partition.items()):
         acc.add(p, recs)
     report = acc.report(input_ends)
+    if report.missing:  # an offset in no entry: a record lost, or no record at all (a gap the broker left)?
+        report.split_gaps(records_at(bootstrap_servers, input_topic, report.missing, client_options=client_options,
+                                     timeout_s=timeout_s))
     snap = OutputSnapshot(records=pd.DataFrame(), public=pd.DataFrame(), accounting=report,
                           dlq_reasons=dict(report.dlq_reasons), suppressed_reasons=dict(report.suppressed_reasons),
                           control=report.outcomes.get("control", 0))
@@ -206,8 +242,9 @@ def collect_outputs(bootstrap_servers: str, *, input_topic: str, anon: str, supp
 def audit_lines(snap: OutputSnapshot) -> list[str]:
     """The audit's report, one finding per line."""
     rep = snap.accounting
-    out = [f"ledger: {rep.entries} entries ({rep.rewrites} identical rewrites), {rep.checkpoints} checkpoints, "
-           f"{rep.tombstones} tombstones",
+    chunked = f", {rep.chunked} of them written in chunks" if rep.chunked else ""
+    out = [f"ledger: {rep.entries} entries ({rep.rewrites} identical rewrites{chunked}), {rep.checkpoints} "
+           f"checkpoints, {rep.tombstones} tombstones",
            "outcomes: " + ", ".join(f"{k} {v:,}" for k, v in sorted(rep.outcomes.items())) + f" (total "
            f"{rep.accounted:,})",
            f"released in {snap.classes:,} classes; suppressed by reason {dict(sorted(rep.suppressed_reasons.items()))}; "
@@ -219,9 +256,17 @@ def audit_lines(snap: OutputSnapshot) -> list[str]:
     if rep.duplicates:
         out.append(f"ACCOUNTED TWICE: {len(rep.duplicates)} offsets (first {rep.duplicates[:5]})")
     if rep.missing:
-        out.append(f"NOT ACCOUNTED: {len(rep.missing)} offsets (first {rep.missing[:5]})")
+        out.append(f"NOT ACCOUNTED: {len(rep.missing)} offsets hold input records that no ledger entry accounts for "
+                   f"(lost, or not processed yet) (first {rep.missing[:5]})")
+    if rep.gaps:
+        out.append(f"no record at {len(rep.gaps)} offsets (gaps the broker left, e.g. a broker killed between "
+                   f"writing a partition's end and its records, or a full disk: nothing was lost there, nothing to "
+                   f"account for) (first {rep.gaps[:5]})")
     if rep.corrupt:
         out.append(f"CORRUPT ledger records: {len(rep.corrupt)} (first {rep.corrupt[:2]})")
+    if rep.incomplete:
+        out.append(f"incomplete chunked entries (a crash between their chunks; they count for nothing, their records "
+                   f"were processed again): {len(rep.incomplete)} (first {rep.incomplete[:3]})")
     out.extend(f"PROBLEM: {p}" for p in snap.problems[:20])
     out.append("OK: every input offset accounted exactly once, every promised output published exactly once"
                if snap.ok else "NOT OK")

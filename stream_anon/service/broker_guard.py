@@ -26,16 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
 from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
 EXIT_DATA_LOSS = 4
 """Exit code of ``stream-anon run`` when the broker lost data the service had committed or acknowledged."""
-GUARD_REQUEST_TIMEOUT_MS = 5000
+GUARD_REQUEST_TIMEOUT_MS = LOOP_REQUEST_TIMEOUT_MS
 """Longest one metadata request of the check may take (a stalled broker must not hold the loop longer)."""
 UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION
 
@@ -55,18 +57,23 @@ class TopicState:
 def compare_topics(before: Mapping[str, TopicState], now: Mapping[str, TopicState | None]) -> list[str]:
     """What changed between two metadata views of the same topics: one line per topic that is gone, has a new
     topic id (recreated) or another partition count.  A topic missing from ``now`` is not checked."""
+    return [line for _topic, line in topic_changes(before, now)]
+
+
+def topic_changes(before: Mapping[str, TopicState], now: Mapping[str, TopicState | None]) -> list[tuple[str, str]]:
+    """(topic, what changed) for every topic of :func:`compare_topics`."""
     problems = []
     for topic, old in sorted(before.items()):
         if topic not in now:
             continue
         new = now[topic]
         if new is None:
-            problems.append(f"topic {topic} is gone")
+            problems.append((topic, f"topic {topic} is gone"))
         elif old.topic_id is not None and new.topic_id is not None and new.topic_id != old.topic_id:
-            problems.append(f"topic {topic} was recreated (topic id {old.topic_id} -> {new.topic_id}, "
-                            f"{old.partitions} -> {new.partitions} partitions)")
+            problems.append((topic, f"topic {topic} was recreated (topic id {old.topic_id} -> {new.topic_id}, "
+                                    f"{old.partitions} -> {new.partitions} partitions)"))
         elif new.partitions != old.partitions:
-            problems.append(f"topic {topic} has {new.partitions} partitions, {old.partitions} at start")
+            problems.append((topic, f"topic {topic} has {new.partitions} partitions, {old.partitions} at start"))
     return problems
 
 
@@ -110,6 +117,8 @@ class BrokerGuard:
         self._admin: KafkaAdminClient | None = None
         self.baseline: dict[str, TopicState] = {}
         self.floors = OffsetFloors()
+        self.unwritten_outputs: frozenset[str] = frozenset()  # output topics a change of which may be no loss...
+        self.unwritten: Callable[[str], bool] = lambda topic: False  # ...when this says nothing was written to them
 
     def _make_admin(self) -> KafkaAdminClient:
         opts: dict[str, Any] = {**client_options(self.cfg.kafka),
@@ -140,17 +149,47 @@ class BrokerGuard:
 
     def check_topics(self) -> KafkaError | OSError | None:
         """Compare the broker's view with the start; raise :class:`BrokerDataLossError` on a change.  Returns the
-        error when the broker did not answer (nothing checked: an outage is not a loss), else None."""
+        error when the broker did not answer (nothing checked: an outage is not a loss), else None.
+
+        An output topic this service never wrote to (:attr:`unwritten`: e.g. a dead-letter topic with no dead
+        letter yet) that is gone or was recreated with its partition count lost nothing: it is created again
+        (when ``topics.create``) or taken as it now is, with one WARNING line, instead of ending the run."""
         try:
             now = self.describe()
         except (KafkaError, OSError) as e:
             log.debug("broker guard: metadata request failed: %r", e)
             self.close()  # a fresh client next time
             return e
-        problems = compare_topics(self.baseline, now)
+        changes = topic_changes(self.baseline, now)
+        takeable = [(t, line) for t, line in changes if t in self.unwritten_outputs and self.unwritten(t)
+                    and (now[t] is None or now[t].partitions == self.baseline[t].partitions)]  # type: ignore[union-attr]
+        if len(takeable) < len(changes):  # anything else changed too: a broker that lost data, create nothing on it
+            raise BrokerDataLossError("; ".join(line for _t, line in changes))
+        problems = [line for t, line in takeable if not self._take_empty(t, now[t], line)]
         if problems:
             raise BrokerDataLossError("; ".join(problems))
         return None
+
+    def _take_empty(self, topic: str, state: TopicState | None, change: str) -> bool:
+        """An unwritten output topic changed: take the new one (or create it again); False: it cannot be taken
+        (another partition count, or gone with ``topics.create`` false)."""
+        old = self.baseline[topic]
+        if state is not None and state.partitions == old.partitions:
+            self.baseline[topic] = state
+            log.warning("broker guard: %s; this service had written nothing to it: nothing is lost, going on with the "
+                        "new topic", change)
+            return True
+        if state is None and self.cfg.topics.create and self._admin is not None:
+            try:
+                self._admin.create_topics([NewTopic(topic, old.partitions, self.cfg.topics.replication_factor)])
+            except (KafkaError, OSError) as e:  # e.g. still being deleted (Apache Kafka deletes asynchronously)
+                log.warning("broker guard: %s; this service had written nothing to it: creating it again failed (%r), "
+                            "trying again at the next check", change, e)
+                return True
+            log.warning("broker guard: %s; this service had written nothing to it: created it again (%d partitions), "
+                        "nothing is lost", change, old.partitions)
+            return True  # (its new id becomes the baseline at the next check: "recreated", unwritten, same count)
+        return False
 
     def close(self) -> None:
         admin, self._admin = self._admin, None

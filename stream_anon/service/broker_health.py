@@ -3,7 +3,7 @@
 **Outages.**  Whatever the broker answers (records polled, outputs acknowledged, a check that succeeded) is
 evidence that it is there (:meth:`BrokerHealth.answered`).  After ``BROKER_CHECK_SECONDS`` without any, the loop
 asks it for an input partition's first offset (:meth:`BrokerHealth.check_broker`, a group-less request bounded by
-``kafka.request_timeout_ms``, at most 10 s) to tell an idle stream from an outage.  While requests fail, one clear
+``kafka.request_timeout_ms``, at most 3 s) to tell an idle stream from an outage.  While requests fail, one clear
 line per check, checking again with exponential backoff; whichever request fails first (the ping, or the data
 check's metadata request) names the outage, and the broker's return is named too.
 
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from kafka.errors import KafkaError
 
 from stream_anon.kafka_io.clients import backoff_delays
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 from stream_anon.kafka_io.poller import Poller
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 BROKER_CHECK_SECONDS = 2.0
 """With no records polled and no output acknowledged for this long, the loop asks the broker for an input
-partition's first offset (``PartitionReader.ping``, bounded by ``kafka.request_timeout_ms``, at most 10 s) to tell
-an idle stream from a broker outage."""
+partition's first offset (``PartitionReader.ping``, bounded by ``kafka.request_timeout_ms``, at most
+``PING_TIMEOUT_MS``) to tell an idle stream from a broker outage."""
+PING_TIMEOUT_MS = LOOP_REQUEST_TIMEOUT_MS
+"""Longest the ping may wait for its answer (a stop is noticed after it at the latest)."""
 BROKER_DATA_CHECK_SECONDS = 5.0
 """How often the loop (and a waiting flush) asks whether the broker lost data (:mod:`~stream_anon.service.broker_guard`):
 one metadata request, plus one fetch per owned ledger partition."""
@@ -82,12 +85,13 @@ class BrokerHealth:
 
     def check_broker_when_due(self) -> None:
         """Quiet for ``BROKER_CHECK_SECONDS`` (or the backoff delay during an outage): ask the broker (``ping``)."""
-        if time.monotonic() < self._check_at:
+        if time.monotonic() < self._check_at or self.stopping():
             return
         quiet_since = self._check_at - BROKER_CHECK_SECONDS
         owned = list(self.owned())
         try:
-            self.reader.ping(self.input_topic, min(owned) if owned else 0, min(self.kafka.request_timeout_ms, 10000))
+            self.reader.ping(self.input_topic, min(owned) if owned else 0,
+                             min(self.kafka.request_timeout_ms, PING_TIMEOUT_MS))
         except (KafkaError, OSError) as e:
             self.silent(quiet_since, e)
             return
@@ -137,9 +141,11 @@ class BrokerHealth:
         """The owned ledger partitions' ends against the ledger messages acknowledged (None: not answered)."""
         problems = []
         for p in sorted(self.owned()):
+            if self.stopping():  # the stop path does not wait for checks
+                return None
             lp = self.ledger_partition(p)
             try:
-                end = self.reader.bounds(self.ledger_topic, lp, timeout_s=5.0)[1]
+                end = self.reader.bounds(self.ledger_topic, lp, timeout_s=LOOP_REQUEST_TIMEOUT_MS / 1000)[1]
             except (KafkaError, OSError) as e:
                 log.debug("broker data check: end of %s[%d] unknown: %r", self.ledger_topic, lp, e)
                 self.silent(now, e)

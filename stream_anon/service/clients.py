@@ -17,10 +17,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from kafka import KafkaAdminClient
+
 from stream_anon.config.settings import Config
-from stream_anon.kafka_io.clients import make_consumer, prepare_topics, retry
-from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import FailingPolls, GroupPoller, Poller
+from stream_anon.kafka_io.clients import prepare_topics, retry
+from stream_anon.kafka_io.consumers import open_poller
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
+from stream_anon.kafka_io.limits import MIN_OUTPUT_BOUND, MessageBound, read_output_bound
+from stream_anon.kafka_io.poller import FailingPolls, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
@@ -31,13 +35,22 @@ from stream_anon.service.outbox import Topics
 
 log = logging.getLogger(__name__)
 
-LOOP_REQUEST_TIMEOUT_MS = 5000
-"""Blocking requests of the running loop (the recovery reader's scans and ends, committed offsets) time out after at
-most this long and are retried, so that a stop is noticed between two attempts even while the broker stalls."""
+__all__ = ["LOOP_REQUEST_TIMEOUT_MS", "MainClients", "MissingLedgerError", "OutputBoundError", "ServiceProducers",
+           "TopicLayoutError", "main_topics", "open_main_clients"]
+
 
 
 class MissingLedgerError(RuntimeError):
     """The ledger topic does not exist and ``topics.create`` is false (a configuration error: exit 2)."""
+
+
+class OutputBoundError(RuntimeError):
+    """The broker's or the producer's message size limit is too small for the service (exit 2)."""
+
+
+class TopicLayoutError(RuntimeError):
+    """The ledger has fewer partitions than the input (partitions were added to the input): ledger partition =
+    input partition would mix two input partitions in one ledger partition (exit 2)."""
 
 
 def main_topics(cfg: Config) -> Topics:
@@ -80,6 +93,7 @@ class MainClients:
 
     topics: Topics
     counts: dict[str, int]  # topic -> partitions
+    bound: MessageBound  # the output bound (topics.max_message_bytes is its bytes)
     guard: BrokerGuard
     poller: Poller
     reader: PartitionReader
@@ -88,26 +102,48 @@ class MainClients:
 
 
 def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics, stopping: Callable[[], bool],
-                      stop_clock: StopClock, closing: Closing, owned: Callable[[], Iterable[int]]) -> MainClients:
+                      stop_clock: StopClock, closing: Closing, owned: Callable[[], Iterable[int]],
+                      alive: Callable[[], None] = lambda: None) -> MainClients:
     """Connect (with the start-up retry policy), make sure of the topics and open every client; each is entered
     into ``stack`` as soon as it exists.  ``owned``: the partitions the loop owns (the health checks read their
-    ledger partitions)."""
-    k, topics = cfg.kafka, main_topics(cfg)
+    ledger partitions); ``alive``: called while a flush waits for the broker (the loop's heartbeat)."""
+    k = cfg.kafka
+    bounds: list[MessageBound] = []
+
+    def read_bound(admin: KafkaAdminClient) -> None:
+        bounds.append(retry("message size limits", lambda: read_output_bound(
+            admin, cfg.topics.service_topics(), max_request_size=k.max_request_size,
+            configured=cfg.service.max_output_bytes), k, stop=stopping))
+
     counts = prepare_topics(k, cfg.topics.service_topics(), cfg.topics.layout(),
-                            on_retry=metrics.broker_reconnects.inc, stop=stopping)
-    if topics.ledger not in counts:
-        raise MissingLedgerError(f"topics.ledger: topic {topics.ledger} does not exist and topics.create is false: "
-                                 f"create it (compacted, with the input's partition count; "
-                                 f"deploy/kafka/create-topics.sh)")
+                            on_retry=metrics.broker_reconnects.inc, stop=stopping, also=read_bound)
+    ledger, n_input = cfg.topics.ledger_topic(), counts.get(cfg.topics.input, 0)
+    if ledger not in counts:
+        raise MissingLedgerError(f"topics.ledger: topic {ledger} does not exist and topics.create is false: create it "
+                                 f"(compacted, with the input's partition count; deploy/kafka/create-topics.sh)")
+    if counts[ledger] < n_input:
+        raise TopicLayoutError(f"topics.ledger: {ledger} has {counts[ledger]} partitions, fewer than the {n_input} of "
+                               f"the input {cfg.topics.input} (partitions were added to the input): add partitions to "
+                               f"the ledger so that it has as many (kafka-topics --alter --partitions {n_input}), then "
+                               f"start again")
+    bound = bounds[0]
+    if bound.bytes < MIN_OUTPUT_BOUND:
+        raise OutputBoundError(f"the output bound is {bound.describe()}, below the {MIN_OUTPUT_BOUND:,} bytes the "
+                               f"service needs: raise the broker's message.max.bytes (or the topics' "
+                               f"max.message.bytes) or kafka.max_request_size")
+    log.info("every message written stays within %s", bound.describe())
+    topics = dataclasses.replace(main_topics(cfg), max_message_bytes=bound.bytes)
+    # a batch of small messages is one record batch to the broker too: never larger than the bound
+    k = dataclasses.replace(k, batch_size=min(k.batch_size, bound.bytes))
     guard = BrokerGuard(cfg, [topics.input, topics.ledger, *topics.roles.values()])
     stack.callback(guard.close)
     retry("topic metadata", guard.start, k, stop=stopping)
     reader_kafka = dataclasses.replace(k, request_timeout_ms=min(k.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS))
-    consumer = retry("consumer", lambda: make_consumer(k, group_id=k.group_id), k, stop=stopping)
-    poller = GroupPoller(consumer, topics.input, max_records=k.max_poll_records,
-                         reader=lambda: PartitionReader(reader_kafka))
+    poller = retry("consumer", lambda: open_poller(k, topics.input, group_id=k.group_id,
+                                                   reader=lambda: PartitionReader(reader_kafka)), k, stop=stopping)
     stack.callback(lambda: poller.close(closing.consumer_seconds))
-    reader = retry("recovery reader", lambda: PartitionReader(reader_kafka), k, stop=stopping)
+    # (a read of the recovery or a health check gives up as soon as the service stops)
+    reader = retry("recovery reader", lambda: PartitionReader(reader_kafka, stop=stopping), k, stop=stopping)
     stack.callback(reader.close)
     n_ledger = counts[topics.ledger]
     health = BrokerHealth(guard, poller, reader, kafka=k, input_topic=topics.input, ledger_topic=topics.ledger,
@@ -120,7 +156,11 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
         metrics.produce_errors.labels(topic=topic).inc()
 
     # a flush on the stop path waits for the stop grace, not forever (lifecycle.StopClock)
+    def watchdog() -> None:  # every slice of a flush that waits: the loop is alive; did the broker lose data?
+        alive()
+        health.check_data()
+
     producers = ServiceProducers(k, partition_counts=counts, stop=stop_clock.give_up, on_error=produce_error,
-                                 stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=health.check_data)
+                                 stuck_after_s=cfg.service.producer_recovery_seconds, watchdog=watchdog)
     stack.callback(lambda: producers.close(closing.producer_seconds))
-    return MainClients(topics, counts, guard, poller, reader, health, producers)
+    return MainClients(topics, counts, bound, guard, poller, reader, health, producers)

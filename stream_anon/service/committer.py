@@ -100,9 +100,10 @@ class Committer:
             self.on_ledger(receipt)
         return offsets
 
-    def commit(self, *, sync_timeout_s: float | None = None) -> None:
+    def commit(self, *, sync_timeout_s: float | None = None) -> bool:
         """Steps 3-5: everything written acknowledged, checkpoints, then each owned partition's watermark committed
         (asynchronously; synchronously within ``sync_timeout_s`` when given, and then step 6 is due at once).
+        False when the group did not take the commit (nothing is lost: the checkpoints are acknowledged).
 
         The watermarks are those reported with the finished batches whose entries and outputs were just
         acknowledged; batches still in a worker are not covered (their partitions' watermarks stay where they were).
@@ -110,7 +111,7 @@ class Committer:
         self.outbox.settle()
         offsets = self.checkpoint(self.table.partitions())
         if not offsets:
-            return
+            return True
         try:
             if sync_timeout_s is not None:
                 self.group.commit_sync(offsets, sync_timeout_s)
@@ -119,13 +120,14 @@ class Committer:
                 self.group.commit_async(offsets, self._done)
         except CommitFailedError as e:  # e.g. after a rebalance: the new owner recovers from the ledger
             log.warning("commit of %s failed: %r", offsets, e.__cause__ or e)
-            return
+            return False
         self.progress.record(offsets)
         for p, o in offsets.items():
             owned = self.table.get(p)
             if owned is not None:
                 owned.committed = o
             self.on_committed(p, o)
+        return True
 
     def commit_revoked(self, partitions: list[int]) -> None:
         """A rebalance takes ``partitions`` (finished batches collected): steps 1-4 for them and an asynchronous

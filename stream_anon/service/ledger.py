@@ -54,6 +54,17 @@ when absent from the output partition, with the stored bytes).  Residual risks: 
 still producing after the new owner scanned) and a produce request still queued in the broker while the new
 owner scans; both are bounded by the group's session timeout and documented.
 
+Bounded messages: an entry whose encoding does not fit the output bound (the broker's ``message.max.bytes``, read at
+start: :mod:`stream_anon.kafka_io.limits`) is written as *chunks* (:meth:`LedgerEntry.ledger_messages`): its
+encoding cut into pieces, base64, each in a ``chunk`` message carrying the entry's kind, partition, first and last
+offset, horizon, an entry id (a digest of the whole encoding), its index and the number of chunks; one send, in
+order, so step 2 waits for all of them.  Readers reassemble them (:class:`ChunkAssembler`): an entry counts only
+when every chunk is there (a crash between chunks leaves an incomplete entry that counts for nothing: its output
+was never sent, its records are processed again).  Class entries of large classes (a class lists every member's
+offset and record id, and l-diversity can merge hundreds of records) are what needs this; the outputs themselves
+are bounded where they are made (:class:`EntryFactory`: a suppression is split by offset, a raw dead letter cut,
+a class message that cannot fit is suppressed as ``oversized``).
+
 Bounded growth: keys make the ledger compactable (``cleanup.policy=compact``): an entry's key is its release
 id, a checkpoint's key is unique per checkpoint, and :meth:`PartitionOutbox.tombstones` names the entries
 wholly below the committed offset and the checkpoints older than the newest one that can still stop a scan.
@@ -64,13 +75,16 @@ scan keeps recovery bounded.
 from __future__ import annotations
 
 import base64
+import hashlib
 import heapq
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stream_anon.formats.messages import message_size
 from stream_anon.formats.release import (
+    DETAIL_MAX_CHARS,
     DLQ_PAYLOAD_MODES,
     ROLE_ANON,
     ROLE_DLQ,
@@ -80,8 +94,10 @@ from stream_anon.formats.release import (
     ClassEncoder,
     EncodedMessage,
     canonical_json,
+    cut_text,
     dead_letter_message,
     release_id,
+    safe_text,
     suppressed_message,
 )
 from stream_anon.service.gate import GateResult, PrePublishGate
@@ -155,7 +171,8 @@ class LedgerEntry:
         reason: ``suppressed``: one of ``SUPPRESSION_REASONS``; ``dlq``: the dead-letter reason.
         class_id: ``class``: the public opaque class id (the link ledger -> anon message, internal only).
         outputs: the promised output messages (``class``/``suppressed``/``dlq``: exactly one, of the kind's
-            role; ``control``: none).
+            role; ``control``: none), each with its Kafka timestamp when it has one (a class message: the end of
+            its release tick, ``ts`` in the entry; a re-send carries it).
         incarnation: tag of the service incarnation that made it (diagnostics).
         trigger: ``class``/``suppressed``: the input offset whose arrival (or end-of-stream marker) released
             the records (None: not recorded, e.g. a wall-clock expiry without arrival).
@@ -236,12 +253,23 @@ class LedgerEntry:
     def outcome(self) -> str:
         return OUTCOME_OF_KIND[self.kind]
 
+    def ledger_messages(self, max_message_bytes: int | None = None) -> list[tuple[bytes, bytes]]:
+        """The (key, value) ledger messages of this entry: one, or, when its encoding does not fit
+        ``max_message_bytes`` (:func:`~stream_anon.formats.messages.message_size`), its chunks in order (module
+        docstring; :class:`EntryChunk`)."""
+        value = self.encode()
+        if max_message_bytes is None or message_size(self.key, value) <= max_message_bytes:
+            return [(self.key, value)]
+        return [(c.key, c.encode()) for c in EntryChunk.split(self, value, max_message_bytes)]
+
     def encode(self) -> bytes:
         outs = []
         for o in self.outputs:
             d: dict[str, Any] = {"role": o.role}
             _bytes_out("key", o.key, d)
             _bytes_out("value", o.value, d)
+            if o.timestamp_ms is not None:
+                d["ts"] = o.timestamp_ms
             outs.append(d)
         body: dict[str, Any] = {"v": LEDGER_VERSION, "t": self.kind, "topic": self.topic, "p": self.partition,
                                 "offsets": list(self.offsets), "horizon": self.horizon}
@@ -316,6 +344,131 @@ class Checkpoint:
                                **({"grp": self.group} if self.group else {})})
 
 
+MIN_CHUNK_DATA_BYTES = 256
+"""Smallest piece of an entry's encoding one chunk carries (an output bound too small for that is refused)."""
+
+
+@dataclass(frozen=True)
+class EntryChunk:
+    """One piece of a ledger entry too large for one message (module docstring, "Bounded messages").
+
+    Attributes:
+        kind, topic, partition, horizon, incarnation: the entry's.
+        first, last: the entry's first and last input offset (its release id, and tombstones of incomplete
+            entries, need no reassembly).
+        entry_id: the first 16 bytes of SHA-256 over the entry's encoding, hex (chunks of one entry; two entries
+            with the same release id, e.g. written by two incarnations, never mix).
+        index, count: this chunk's place (0-based) and the number of chunks.
+        data: this chunk's piece of the entry's encoding.
+    """
+
+    kind: str
+    topic: str
+    partition: int
+    first: int
+    last: int
+    horizon: int
+    incarnation: str
+    entry_id: str
+    index: int
+    count: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENTRY_KINDS:
+            raise LedgerFormatError(f"chunk kind: expected one of {list(ENTRY_KINDS)}, got {self.kind!r}")
+        for name in ("partition", "first", "last", "horizon", "index", "count"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise LedgerFormatError(f"chunk {name}: expected an integer >= 0, got {v!r}")
+        if not (self.first <= self.last <= self.horizon and self.index < self.count):
+            raise LedgerFormatError(f"chunk: first {self.first} <= last {self.last} <= horizon {self.horizon} and "
+                                    f"index {self.index} < count {self.count} expected")
+
+    @property
+    def release_id(self) -> str:
+        return release_id(self.topic, self.partition, self.first)
+
+    @property
+    def key(self) -> bytes:
+        """Ledger key: unique per chunk (compaction keeps every chunk of an entry)."""
+        return f"{self.release_id}/chunk/{self.entry_id}/{self.index}".encode("utf-8", "backslashreplace")
+
+    def encode(self) -> bytes:
+        return canonical_json({"v": LEDGER_VERSION, "t": "chunk", "kind": self.kind, "topic": self.topic,
+                               "p": self.partition, "first": self.first, "last": self.last, "horizon": self.horizon,
+                               "inc": self.incarnation, "eid": self.entry_id, "i": self.index, "n": self.count,
+                               "data": base64.b64encode(self.data).decode("ascii")})
+
+    @classmethod
+    def split(cls, entry: LedgerEntry, value: bytes, max_message_bytes: int) -> list[EntryChunk]:
+        """``entry`` (encoded as ``value``) in chunks whose messages each fit ``max_message_bytes``."""
+        eid = hashlib.sha256(value).hexdigest()[:32]
+
+        def chunk(i: int, n: int, data: bytes) -> EntryChunk:
+            return cls(entry.kind, entry.topic, entry.partition, entry.offsets[0], entry.last_offset, entry.horizon,
+                       entry.incarnation, eid, i, n, data)
+
+        n = 2
+        while True:
+            probe = chunk(n - 1, n, b"")  # the largest index and count: the longest key and header
+            overhead = message_size(probe.key, probe.encode())
+            room = (max_message_bytes - overhead) // 4 * 3  # base64: 4 characters per 3 bytes
+            if room < MIN_CHUNK_DATA_BYTES:
+                raise ValueError(f"an output bound of {max_message_bytes} bytes leaves {room} bytes per ledger chunk "
+                                 f"(at least {MIN_CHUNK_DATA_BYTES} needed)")
+            need = -(-len(value) // room)
+            if need <= n:
+                return [chunk(i, need, value[i * room:(i + 1) * room]) for i in range(need)]
+            n = need
+
+
+class ChunkAssembler:
+    """Reassembles chunked entries from ledger records read in any order (forward or backward scans).
+
+    :meth:`add` returns the whole entry once its last missing chunk arrives (with the ledger keys of all its
+    chunks and the highest ledger offset among them), else None; identical copies of a chunk (a producer retry)
+    count once.  :meth:`incomplete` lists the entries still missing chunks: a crash between chunks, they count for
+    nothing."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[int, tuple[int, EntryChunk]]] = {}
+        self._done: set[str] = set()
+
+    def add(self, ledger_offset: int, chunk: EntryChunk) -> tuple[LedgerEntry, list[bytes], int] | None:
+        """Raises :class:`LedgerFormatError` for a chunk that contradicts its siblings or whose whole is not an
+        entry of its own header."""
+        if chunk.entry_id in self._done:
+            return None  # a re-sent copy of a chunk of an entry already complete
+        parts = self._parts.setdefault(chunk.entry_id, {})
+        old = parts.get(chunk.index)
+        if old is not None:
+            if old[1] != chunk:
+                raise LedgerFormatError(f"chunk {chunk.index} of entry {chunk.entry_id} written twice, differently")
+            return None
+        if parts and next(iter(parts.values()))[1].count != chunk.count:
+            raise LedgerFormatError(f"entry {chunk.entry_id}: chunks disagree on their count")
+        parts[chunk.index] = (ledger_offset, chunk)
+        if len(parts) < chunk.count:
+            return None
+        del self._parts[chunk.entry_id]
+        self._done.add(chunk.entry_id)
+        ordered = [parts[i][1] for i in range(chunk.count)]
+        value = b"".join(c.data for c in ordered)
+        if hashlib.sha256(value).hexdigest()[:32] != chunk.entry_id:
+            raise LedgerFormatError(f"entry {chunk.entry_id}: its chunks do not add up to it")
+        entry = decode_ledger_value(value)
+        if not isinstance(entry, LedgerEntry) or (entry.kind, entry.topic, entry.partition, entry.offsets[0],
+                                                  entry.last_offset) != (chunk.kind, chunk.topic, chunk.partition,
+                                                                         chunk.first, chunk.last):
+            raise LedgerFormatError(f"entry {chunk.entry_id}: its chunks hold another entry than their header says")
+        return entry, [c.key for c in ordered], max(lo for lo, _ in parts.values())
+
+    def incomplete(self) -> list[tuple[str, EntryChunk, int]]:
+        """(entry id, one of its chunks, chunks present) of every entry still missing chunks."""
+        return [(eid, next(iter(p.values()))[1], len(p)) for eid, p in sorted(self._parts.items())]
+
+
 def _int(d: Mapping[str, Any], name: str) -> int:
     v = d.get(name)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -332,9 +485,10 @@ def _str(d: Mapping[str, Any], name: str, *, nullable: bool = False) -> Any:
     return v
 
 
-def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
+def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint | EntryChunk:
     """Parse a ledger message value strictly; anything else raises :class:`LedgerFormatError` (never another
-    exception: recovery reports it and goes on)."""
+    exception: recovery reports it and goes on).  A chunk of a large entry comes back as an :class:`EntryChunk`
+    (reassemble with :class:`ChunkAssembler`)."""
     try:
         body = json.loads(value)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -345,6 +499,18 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
         if body.get("v") != LEDGER_VERSION:
             raise LedgerFormatError(f"version {body.get('v')!r}, expected {LEDGER_VERSION}")
         t = body.get("t")
+        if t == "chunk":
+            data = body.get("data")
+            if not isinstance(data, str):
+                raise LedgerFormatError("field 'data': expected base64 text")
+            try:
+                raw = base64.b64decode(data, validate=True)
+            except ValueError as e:
+                raise LedgerFormatError(f"field 'data': {e}") from None
+            return EntryChunk(kind=_str(body, "kind"), topic=_str(body, "topic"), partition=_int(body, "p"),
+                              first=_int(body, "first"), last=_int(body, "last"), horizon=_int(body, "horizon"),
+                              incarnation=_str(body, "inc"), entry_id=_str(body, "eid"), index=_int(body, "i"),
+                              count=_int(body, "n"), data=raw)
         if t == "checkpoint":
             ends = body.get("ends")
             if not isinstance(ends, dict):
@@ -368,7 +534,10 @@ def decode_ledger_value(value: bytes) -> LedgerEntry | Checkpoint:
             val = _bytes_in("value", o)
             if val is None:
                 raise LedgerFormatError("output value: missing")
-            outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val))
+            ts = o.get("ts")
+            if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int) or ts < 0):
+                raise LedgerFormatError(f"output ts: expected a Kafka timestamp in ms >= 0, got {ts!r}")
+            outs.append(EncodedMessage(o["role"], _bytes_in("key", o), val, ts))
         timing: dict[str, Any] = {}
         if body.get("trig") is not None:
             timing["trigger"] = _int(body, "trig")
@@ -420,12 +589,18 @@ class EntryFactory:
 
     One call per engine release / dead letter / control message; the pipeline sets ``horizon`` (highest input
     offset consumed).  With a ``gate``, :meth:`released_class` checks the class first and turns a refused class
-    into a ``suppressed`` entry with reason ``gate``.
+    into ``suppressed`` entries with reason ``gate``.
+
+    ``max_message_bytes`` (the output bound, None: unbounded): every output message fits it
+    (:func:`~stream_anon.formats.messages.message_size`).  A suppression too large for one message becomes several
+    entries (split by offset, each its own release id); a raw dead letter is cut; a class message that does not
+    fit (only possible with ``release.include_record_ids``) is not published: its records are suppressed with
+    reason ``oversized``.  The ledger side is bounded by chunking (:meth:`LedgerEntry.ledger_messages`).
     """
 
     def __init__(self, *, input_topic: str, partition: int, incarnation: str, classes: ClassEncoder,
                  secret: bytes, dlq_payload: str = "redacted", dlq_max_payload_bytes: int = 1_000_000,
-                 gate: PrePublishGate | None = None) -> None:
+                 gate: PrePublishGate | None = None, max_message_bytes: int | None = None) -> None:
         if dlq_payload not in DLQ_PAYLOAD_MODES:
             raise ValueError(f"dlq payload must be one of {list(DLQ_PAYLOAD_MODES)}, got {dlq_payload!r}")
         self.topic = input_topic
@@ -436,14 +611,20 @@ class EntryFactory:
         self.dlq_payload = dlq_payload
         self.dlq_max_payload_bytes = dlq_max_payload_bytes
         self.gate = gate
+        self.max_message_bytes = max_message_bytes
+
+    def _fits(self, msg: EncodedMessage) -> bool:
+        return self.max_message_bytes is None or message_size(msg.key, msg.value) <= self.max_message_bytes
 
     def released_class(self, *, offsets: Sequence[int], record_ids: Sequence[Any],
                        members: Sequence[Mapping[str, Any]], generalized: Mapping[str, str], size: int, loss: float,
-                       horizon: int, timing: Timing | None = None) -> tuple[LedgerEntry, GateResult | None]:
-        """A ``class`` entry promising the public class message, or (the gate refused the class) a
-        ``suppressed`` entry with reason ``gate``.  ``offsets``/``record_ids``/``members``: same order, the
-        members' source offsets, INPUT record ids and original records.  With a gate, the published ``size`` is
-        the gate's own count of distinct individuals.  ``timing``: internal per-record timing (same order)."""
+                       horizon: int, timing: Timing | None = None) -> tuple[list[LedgerEntry], GateResult | None]:
+        """A ``class`` entry promising the public class message; or, when the gate refused the class,
+        ``suppressed`` entries with reason ``gate`` (and the refusing verdict); or, when the class message does not
+        fit the output bound, ``suppressed`` entries with reason ``oversized``.  ``offsets``/``record_ids``/
+        ``members``: same order, the members' source offsets, INPUT record ids and original records.  With a gate,
+        the published ``size`` is the gate's own count of distinct individuals.  ``timing``: internal per-record
+        timing (same order)."""
         verdict = None
         reference = None
         if self.gate is not None:
@@ -457,10 +638,15 @@ class EntryFactory:
         msg = self.classes.encode(generalized=generalized, members=members, size=size, loss=loss,
                                   record_ids=record_ids, reference=reference)
         assert msg.key is not None
-        return LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
-                           horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
-                           outputs=(msg,), incarnation=self.incarnation,
-                           **_ordered_timing(timing, order)), verdict
+        if not self._fits(msg):
+            detail = (f"the class message of {len(offsets)} records takes {len(msg.value)} bytes, over the output "
+                      f"bound of {self.max_message_bytes} (release.include_record_ids lists every member)")
+            return self.suppressed(offsets=offsets, record_ids=record_ids, reason="oversized", horizon=horizon,
+                                   detail=detail, timing=timing), verdict
+        return [LedgerEntry(KIND_CLASS, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
+                            horizon, record_ids=tuple(record_ids[i] for i in order), class_id=msg.key.decode("ascii"),
+                            outputs=(msg,), incarnation=self.incarnation,
+                            **_ordered_timing(timing, order))], verdict
 
     def observe(self, record: Mapping[str, Any]) -> None:
         """A record about to be pushed to the engine: the gate's running reference (t-closeness) counts it."""
@@ -468,19 +654,54 @@ class EntryFactory:
             self.gate.observe(record)
 
     def suppressed(self, *, offsets: Sequence[int], record_ids: Sequence[Any], reason: str, horizon: int,
-                   detail: str | None = None, timing: Timing | None = None) -> LedgerEntry:
-        msg = suppressed_message(input_topic=self.topic, partition=self.partition, offsets=offsets,
-                                 record_ids=record_ids, reason=reason, detail=detail)
+                   detail: str | None = None, timing: Timing | None = None) -> list[LedgerEntry]:
+        """The ``suppressed`` entries of these records: one, or several (split by offset, in offset order) when
+        one suppressed message would not fit the output bound."""
         order = sorted(range(len(offsets)), key=offsets.__getitem__)
-        return LedgerEntry(KIND_SUPPRESSED, self.topic, self.partition, tuple(int(offsets[i]) for i in order),
-                           horizon, record_ids=tuple(record_ids[i] for i in order), reason=reason, outputs=(msg,),
-                           incarnation=self.incarnation, **_ordered_timing(timing, order))
+        pieces = [order] if self.max_message_bytes is None else self._pieces(order, offsets, record_ids, reason,
+                                                                             detail)
+        out: list[LedgerEntry] = []
+        while pieces:
+            piece = pieces.pop(0)
+            offs = [int(offsets[i]) for i in piece]
+            ids = [record_ids[i] for i in piece]
+            msg = suppressed_message(input_topic=self.topic, partition=self.partition, offsets=offs, record_ids=ids,
+                                     reason=reason, detail=detail, max_message_bytes=self.max_message_bytes)
+            if len(piece) > 1 and not self._fits(msg):  # the estimate was short: halve the piece
+                pieces[:0] = [piece[:len(piece) // 2], piece[len(piece) // 2:]]
+                continue
+            out.append(LedgerEntry(KIND_SUPPRESSED, self.topic, self.partition, tuple(offs), horizon,
+                                   record_ids=tuple(ids), reason=reason, outputs=(msg,), incarnation=self.incarnation,
+                                   **_ordered_timing(timing, piece)))
+        return out
+
+    def _pieces(self, order: list[int], offsets: Sequence[int], record_ids: Sequence[Any], reason: str,
+                detail: str | None) -> list[list[int]]:
+        """``order`` (indices in offset order) cut into runs whose suppressed messages fit the bound: each record
+        costs its offset's and its id's JSON plus two commas, on top of the message without records."""
+        bound = self.max_message_bytes
+        assert bound is not None
+        base = message_size(*_suppressed_kv(self.topic, self.partition, int(offsets[order[0]]), reason, detail))
+        pieces: list[list[int]] = []
+        piece: list[int] = []
+        used = base
+        for i in order:
+            rid = record_ids[i]
+            cost = len(str(int(offsets[i]))) + 2 + len(canonical_json(safe_text(rid) if isinstance(rid, str) else rid))
+            if piece and used + cost > bound:
+                pieces.append(piece)
+                piece, used = [], base
+            piece.append(i)
+            used += cost
+        pieces.append(piece)
+        return pieces
 
     def dead_letter(self, *, offset: int, reason: str, field: str | None, error: str | None, value: bytes | None,
                     key: bytes | None, horizon: int) -> LedgerEntry:
         msg = dead_letter_message(input_topic=self.topic, partition=self.partition, offset=offset, reason=reason,
                                   field=field, error=error, value=value, key=key, secret=self.secret,
-                                  payload=self.dlq_payload, max_payload_bytes=self.dlq_max_payload_bytes)
+                                  payload=self.dlq_payload, max_payload_bytes=self.dlq_max_payload_bytes,
+                                  max_message_bytes=self.max_message_bytes)
         return LedgerEntry(KIND_DLQ, self.topic, self.partition, (int(offset),), horizon, reason=reason,
                            outputs=(msg,), incarnation=self.incarnation)
 
@@ -488,6 +709,17 @@ class EntryFactory:
         """An end-of-stream marker consumed at ``offset`` (accounted, nothing published)."""
         return LedgerEntry(KIND_CONTROL, self.topic, self.partition, (int(offset),), horizon,
                            incarnation=self.incarnation)
+
+
+def _suppressed_kv(topic: str, partition: int, first: int, reason: str, detail: str | None) -> tuple[bytes, bytes]:
+    """Key and value of a suppressed message without records (offsets and record ids empty), the release id of
+    its first offset (a later piece's first offset is longer by a few digits at most: covered by the framing)."""
+    rid = release_id(topic, partition, first)
+    body: dict[str, Any] = {"v": LEDGER_VERSION, "release": rid, "reason": reason, "topic": safe_text(topic),
+                            "partition": partition, "offsets": [], "record_ids": []}
+    if detail is not None:
+        body["detail"] = cut_text(safe_text(detail), DETAIL_MAX_CHARS)
+    return rid.encode("utf-8", "backslashreplace"), canonical_json(body)
 
 
 # ---------------------------------------------------------------------------------------------- writer state
@@ -530,9 +762,11 @@ class PartitionOutbox:
     def ends(self) -> dict[str, int]:
         return dict(self._ends)
 
-    def record(self, entry: LedgerEntry) -> None:
-        """Remember an entry written to this ledger partition (for tombstones); raises the horizon."""
-        heapq.heappush(self._entries, (entry.last_offset, entry.key))
+    def record(self, entry: LedgerEntry, keys: Sequence[bytes] | None = None) -> None:
+        """Remember an entry written to this ledger partition under ``keys`` (default its key; a chunked entry: the
+        keys of its chunks) for tombstones; raises the horizon."""
+        for key in (entry.key,) if keys is None else keys:
+            heapq.heappush(self._entries, (entry.last_offset, key))
         if entry.horizon > self.horizon:
             self.horizon = entry.horizon
 

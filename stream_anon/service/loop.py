@@ -3,7 +3,8 @@
 Each iteration: poll a batch -> the partition's pipeline (inline or in a worker process); the finished batches'
 ledger entries -> the ledger (step 1) and, once acknowledged, their outputs (step 2: :mod:`~stream_anon.service.
 outbox`); every ``service.commit_interval_ms`` steps 3-5 and, once confirmed, step 6
-(:mod:`~stream_anon.service.committer`); the broker's health (:mod:`~stream_anon.service.broker_health`).
+(:mod:`~stream_anon.service.committer`); the broker's health (:mod:`~stream_anon.service.broker_health`).  Class
+entries wait for the end of their release tick before step 1 (:mod:`~stream_anon.service.ticks`).
 
 A partition's first records start its recovery (:meth:`MainLoop._start_offset`,
 :class:`~stream_anon.service.recovery.PartitionRecovery`).  On revoke: finish in-flight batches, steps 1-4, commit
@@ -17,28 +18,31 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
 from stream_anon.core.schema import Schema
 from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
-from stream_anon.kafka_io.lifecycle import STOP_GRACE_SECONDS, StopClock
+from stream_anon.kafka_io.lifecycle import StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
-from stream_anon.service.failure_policy import ProducerFailurePolicy, failure_window
+from stream_anon.service.failure_policy import ProducerFailurePolicy
 from stream_anon.service.ledger import RecoveryPlan
 from stream_anon.service.liveness import LagMonitor, LoopHeartbeat, LoopView
 from stream_anon.service.outbox import LedgerOutbox
 from stream_anon.service.partitions import OwnedPartition, PartitionTable, SeekBack
 from stream_anon.service.recovery import PartitionRecovery
+from stream_anon.service.ticks import ReleaseTicks
 from stream_anon.service.totals import BatchAccounting, MainPathTotals
 from stream_anon.service.workers import (
     Backend,
@@ -53,6 +57,10 @@ from stream_anon.service.workers import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+FINAL_COLLECT_SECONDS = 0.5
+"""On the stop path, at least this long for the pipeline workers to hand back the batches they hold (they are local:
+a batch takes milliseconds), even when the stop grace is over."""
 
 
 class LoopOwner(Protocol):
@@ -71,13 +79,16 @@ class LoopOwner(Protocol):
     ready: threading.Event
     assigned: threading.Event
     view: LoopView
+    release_rng: np.random.Generator
 
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A record the consumer could not read (``CorruptRecordError``): only its position is known."""
+    """A record the consumer could not read (reason ``corrupt_record``, or ``oversized`` when too large to receive):
+    only its position is known."""
 
     offset: int
+    reason: str
     error: str
 
 
@@ -102,18 +113,27 @@ class MainLoop:
         self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
+        # an output topic this member never wrote to that is deleted or recreated lost nothing (broker_guard)
+        self._written_roles: set[str] = set()
+        self.health.guard.unwritten_outputs = frozenset(topics.roles.values())
+        self.health.guard.unwritten = self._unwritten
+        self.ticks = ReleaseTicks(self.cfg.release.tick_seconds, main.release_rng)
         self.closing_down = False  # the final commit is done: a revoke while the consumer closes has nothing to do
+        self.broker_silent = False  # the stop path's commit was not answered: no client waits for the broker again
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
         """Until the service is told to stop; raises what ends the run (``MainPath.run`` maps it to an exit code)."""
         self.lag.start()  # (first: the stop path stops it whatever happens next)
+        self.main.heartbeat.watch(self.lag)  # /healthz also says when no progress is made (lag, a silent broker)
         self.poller.subscribe(on_assigned=self._on_assigned, on_revoked=self._on_revoked)
         cfg, a = self.cfg, self.cfg.anonymization
         req = a.requirement(self.main.schema)
-        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s, %s, %s; ledger %s",
+        log.info("main path: consuming %s as group %r (k=%d, %s, delta=%d, beta=%d) -> %s (%s), %s, %s; ledger %s",
                  cfg.topics.input, cfg.kafka.group_id, a.k, req.describe() if req is not None else "no diversity",
-                 a.delta, a.beta, cfg.topics.anon, cfg.topics.suppressed, cfg.topics.dlq, self.clients.topics.ledger)
+                 a.delta, a.beta, cfg.topics.anon, f"classes released every {cfg.release.tick_seconds:g} s"
+                 if self.ticks.enabled else "classes released at once", cfg.topics.suppressed, cfg.topics.dlq,
+                 self.clients.topics.ledger)
         self.main.ready.set()
         self._run_recovering()
 
@@ -121,8 +141,7 @@ class MainLoop:
         """The loop; a producer that cannot deliver is recreated and the partitions recovered from the ledger, as
         long as the failure policy allows (an outage never counts; a commit of progress starts a new row)."""
         progress = self.main.progress
-        policy = ProducerFailurePolicy(failure_window(self.cfg.service.producer_recovery_seconds),
-                                       progress=progress.made)
+        policy = ProducerFailurePolicy(progress=progress.made)
         error: ProducerFatalError | None = None
         while True:
             try:
@@ -135,10 +154,10 @@ class MainLoop:
                 if self.main.stop_event.is_set():
                     raise
                 answered = self.health.check_data(force=True)  # the broker answers (and kept its data)
-                policy.failed(now=time.monotonic(), progress=progress.made, broker_answered=answered)
+                policy.failed(progress=progress.made, broker_answered=answered)
                 if policy.exhausted:
-                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures within {policy.window_s:.0f} "
-                                             f"s: creating the producers anew did not help") from e
+                    raise ProducerFatalError(f"{e}; {policy.in_row} producer failures in a row with no progress "
+                                             f"committed between them: creating the producers anew did not help") from e
                 error = e
 
     def _loop(self) -> None:
@@ -147,7 +166,7 @@ class MainLoop:
         last_commit = time.monotonic()
         while not main.stop_event.is_set():
             main.heartbeat.tick()
-            batch = self.poller.poll(0 if self.outbox.waiting else cfg.service.poll_timeout_ms, self._on_unreadable)
+            batch = self.poller.poll(self._poll_timeout_ms(), self._on_unreadable)
             now = time.time()
             if batch:
                 self.health.answered()
@@ -157,6 +176,7 @@ class MainLoop:
             self._expire_and_flush(now)
             self.outbox.send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
             self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
+            self._release_held(self.table, time.time())  # step 1 for the classes of the ticks that ended
             main.view = LoopView(main.view.assigned, self.table.positions())
             self.outbox.send_acknowledged(wait=not batch)  # step 2
             self.committer.write_tombstones()  # step 6 (commits confirmed during the poll)
@@ -171,19 +191,26 @@ class MainLoop:
         (bounded by what is left of the stop grace); False if the broker was unreachable.  The clients are
         closed afterwards, by the stack they were entered into."""
         self.lag.stop()
+        self.main.heartbeat.watch(None)
         ok = True
+        clock = self.main.stop_clock
         try:
             if clean:
-                self._collect(wait_all=True, timeout=STOP_GRACE_SECONDS)
-                remaining = self.main.stop_clock.remaining()
-                self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
-                                                         max(0.5, remaining)))
+                self._collect(wait_all=True, timeout=max(FINAL_COLLECT_SECONDS, clock.remaining()))
+                self._release_held(self.table, None)  # the unfinished tick, at once (stamped with its end)
+                if not self.committer.commit(sync_timeout_s=min(self.cfg.kafka.request_timeout_ms / 1000.0,
+                                                                max(0.5, clock.remaining()))):
+                    self.broker_silent = True  # its checkpoint is acknowledged: the next start begins there
                 self.committer.write_tombstones()
                 self.producers.ledger.flush()
         except BrokerUnavailableError as e:
             ok = False
             log.error("%s; stopping without committing them (a restart recovers from the ledger)", e)
-        except (KafkaError, WorkerError, ProducerFatalError, MessageRejectedError) as e:
+        except WorkerError as e:  # a worker that does not hand back its batches: nothing more is committed
+            ok = False
+            log.error("%s; stopping without the final commit (a restart recovers from the ledger)", e)
+        except (KafkaError, ProducerFatalError, MessageRejectedError) as e:
+            self.broker_silent = True
             log.warning("final commit failed: %r (the next start recovers from the ledger)", e)
         self.closing_down = True
         return ok
@@ -201,7 +228,7 @@ class MainLoop:
             if not recs:
                 return True
         msgs: tuple[RawMessage, ...] = tuple(
-            (r.offset, None, None, (), None, r.error) if isinstance(r, Unreadable)
+            (r.offset, None, None, (), None, (r.reason, r.error)) if isinstance(r, Unreadable)
             else (r.offset, r.value, r.key, r.headers, r.timestamp, None) for r in recs)
         self.backend.submit(ProcessBatch(partition, msgs, now))
         owned = self.table.get(partition)
@@ -209,11 +236,11 @@ class MainLoop:
             owned.last_input = now
         return True
 
-    def _on_unreadable(self, partition: int, offset: int, error: str) -> bool:
-        """A record the consumer cannot read: dead-lettered by position (reason ``corrupt_record``)."""
-        log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as corrupt_record, "
-                  "skipping it", partition, offset, error)
-        return self._submit(partition, [Unreadable(offset, error)], time.time())
+    def _on_unreadable(self, partition: int, offset: int, reason: str, error: str) -> bool:
+        """A record the consumer cannot read: dead-lettered by position with ``reason``."""
+        log.error("partition %d: the record at offset %d cannot be read (%s): dead-lettered as %s, skipping it",
+                  partition, offset, error, reason)
+        return self._submit(partition, [Unreadable(offset, reason, error)], time.time())
 
     def _expire_and_flush(self, now: float) -> None:
         """Time-based releases: the engine's delay in seconds, and the idle flush of a quiet partition."""
@@ -238,9 +265,32 @@ class MainLoop:
             if owned is not None:
                 owned.report(watermark=res.watermark, next_offset=res.next_offset, buffered=res.buffered,
                              open_clusters=res.open_clusters, horizon=res.horizon)
-            if res.entries:
-                self.outbox.write(res.partition, res.entries)
+            entries = self.ticks.hold(owned, res.entries, time.time()) if res.entries else res.entries
+            if entries:
+                self.outbox.write(res.partition, entries)
             self.accounting.record(res, owned)
+
+    def _unwritten(self, topic: str) -> bool:
+        """Whether no owned partition ever had an output of ``topic``'s role acknowledged (this incarnation or an
+        earlier one, through the checkpoint ends recovery read); sticky once written."""
+        role = self.clients.topics.role_of.get(topic)
+        if role is None:
+            return False
+        self._written_roles.update(r for o in self.table for r, end in o.outbox.ends.items() if end > 0)
+        return role not in self._written_roles
+
+    def _release_held(self, owned: Iterable[OwnedPartition], now: float | None) -> None:
+        """Step 1 for the held classes of the ticks that ended by ``now`` (None: all of them)."""
+        for o, entries in self.ticks.due(owned, now):
+            self.outbox.write(o.partition, entries)
+
+    def _poll_timeout_ms(self) -> int:
+        """No wait while outputs wait for their entries; else the poll timeout, or less when a tick ends sooner."""
+        if self.outbox.waiting:
+            return 0
+        timeout = self.cfg.service.poll_timeout_ms
+        until_tick = self.ticks.seconds_to_next(self.table, time.time())
+        return timeout if until_tick is None else min(timeout, math.ceil(until_tick * 1000))
 
     def _committed(self, partition: int, offset: int) -> None:
         self.health.note_committed(partition, offset)
@@ -271,6 +321,7 @@ class MainLoop:
         return start
 
     def _plan(self, partition: int) -> RecoveryPlan:
+        log.info("partition %d: recovering from the ledger", partition)
         self.health.check_data(force=True)  # a new partition may be the first sign of a recreated topic
         timeout_ms = min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS)
         committed = self._retry(f"partition {partition}: committed offset",
@@ -323,14 +374,16 @@ class MainLoop:
         """``retry`` for calls of the running loop: until the broker answers (no time limit), or until stopped
         (then :class:`BrokerUnavailableError`: ``run`` exits 3 without committing).  Each failed attempt also asks
         the broker guard: a topic that is gone or was recreated raises :class:`BrokerDataLossError` (exit 4)
-        instead of retrying a read of it forever (topics are never auto-created by the service's clients)."""
+        instead of retrying a read of it forever (topics are never auto-created by the service's clients); and
+        ticks the loop's heartbeat (alive, waiting for the broker)."""
         guard = self.health.guard
 
-        def check_topics() -> None:
+        def on_retry() -> None:
+            self.main.heartbeat.tick()
             guard.check_topics()  # raises on a gone or recreated topic; an unanswered request is the retry's
 
         return retry(what, fn, self.cfg.kafka, stop=self.main.stop_event.is_set, limit_seconds=0,
-                     on_retry=check_topics)
+                     on_retry=on_retry)
 
     # ------------------------------------------------------------------ rebalances
     def _on_assigned(self, partitions: set[int]) -> None:
@@ -360,6 +413,7 @@ class MainLoop:
         if not owned or self.closing_down:  # closing: the final commit covered them already
             return
         self._collect(wait_all=True)
+        self._release_held([o for o in self.table if o.partition in owned], None)
         self.committer.commit_revoked(owned)
         for o in self._drop(owned):
             log.info("partition %d revoked: committed watermark %d, dropped %d buffered records (the new owner "

@@ -1,6 +1,7 @@
 """The ledger outbox of the main path: steps 1-3 of the protocol (:mod:`stream_anon.service.ledger`).
 
-1. a finished batch's ledger entries go to the ledger (:meth:`LedgerOutbox.write`), without waiting;
+1. a finished batch's ledger entries go to the ledger (:meth:`LedgerOutbox.write`), without waiting (an entry
+   larger than the output bound as its chunks: :meth:`~stream_anon.service.ledger.LedgerEntry.ledger_messages`);
 2. as soon as a batch's entries are acknowledged (learnt without blocking: :meth:`LedgerOutbox.send_acknowledged`),
    its outputs go to anon / suppressed / dlq, in batch order;
 3. before a checkpoint (:meth:`LedgerOutbox.settle`): every entry acknowledged, every remaining output sent and
@@ -69,14 +70,15 @@ class Topics:
     input: str
     ledger: str
     roles: Mapping[str, str]  # role (anon, suppressed, dlq) -> topic
+    max_message_bytes: int | None = None  # the output bound (ledger entries larger than it go out in chunks)
     role_of: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role_of", {t: r for r, t in self.roles.items()})
 
     def output(self, partition: int, m: EncodedMessage) -> OutputMessage:
-        """The message of an output of input partition ``partition`` (no headers)."""
-        return OutputMessage(m.role, self.roles[m.role], partition, m.key, m.value)
+        """The message of an output of input partition ``partition`` (no headers; its own Kafka timestamp)."""
+        return OutputMessage(m.role, self.roles[m.role], partition, m.key, m.value, timestamp_ms=m.timestamp_ms)
 
     def ledger_message(self, partition: int, key: bytes | None, value: bytes | None) -> OutputMessage:
         """A ledger message (entry, checkpoint, or tombstone when ``value`` is None) of input partition
@@ -118,10 +120,12 @@ class LedgerOutbox:
         if owned is None:  # revoked meanwhile: not written, so not published; the new owner processes them again
             log.debug("partition %d: %d ledger entries of a dropped partition not written", partition, len(entries))
             return
-        receipt = self.producers.ledger.send([self.topics.ledger_message(partition, e.key, e.encode())
-                                              for e in entries])
+        messages = []
         for e in entries:
-            owned.outbox.record(e)
+            parts = e.ledger_messages(self.topics.max_message_bytes)  # one, or the chunks of a large entry
+            owned.outbox.record(e, [key for key, _ in parts])
+            messages += [self.topics.ledger_message(partition, key, value) for key, value in parts]
+        receipt = self.producers.ledger.send(messages)
         owned.dirty = True
         self._unsent.append(_Unsent(owned, entries, receipt))
 

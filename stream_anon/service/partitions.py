@@ -9,9 +9,52 @@ recreation, a failed revoke) is one call that forgets all of it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from stream_anon.service.ledger import PartitionOutbox, RecoveryPlan
+from stream_anon.service.ledger import LedgerEntry, PartitionOutbox, RecoveryPlan
+
+
+@dataclass
+class HeldTick:
+    """What one partition holds for one tick: its class entries (in the order the pipeline made them) and the
+    end-of-stream markers that came after them (written after the tick's classes: see
+    :meth:`stream_anon.service.ticks.ReleaseTicks.hold`)."""
+
+    classes: list[LedgerEntry] = field(default_factory=list)
+    markers: list[LedgerEntry] = field(default_factory=list)
+
+
+@dataclass
+class HeldClasses:
+    """The entries of one partition that wait for the end of their tick (tick end in epoch ms -> :class:`HeldTick`)."""
+
+    ticks: dict[int, HeldTick] = field(default_factory=dict)
+    low: int | None = None  # the lowest input offset of any held entry
+
+    def __len__(self) -> int:
+        return sum(len(t.classes) for t in self.ticks.values())
+
+    def add(self, tick_end_ms: int, classes: Iterable[LedgerEntry], markers: Iterable[LedgerEntry] = ()) -> None:
+        held = self.ticks.setdefault(tick_end_ms, HeldTick())
+        held.classes.extend(classes)
+        held.markers.extend(markers)
+        for e in (*held.classes, *held.markers):
+            self.low = e.offsets[0] if self.low is None else min(self.low, e.offsets[0])
+
+    def cap(self, watermark: int) -> int:
+        """The commit watermark with entries held: never past the first offset of a held entry."""
+        return watermark if self.low is None else min(watermark, self.low)
+
+    def take(self, until_ms: int | None) -> list[tuple[int, HeldTick]]:
+        """Remove and return the ticks that ended at or before ``until_ms`` (None: all), oldest first."""
+        due = sorted(t for t in self.ticks if until_ms is None or t <= until_ms)
+        out = [(t, self.ticks.pop(t)) for t in due]
+        rest = [e.offsets[0] for t in self.ticks.values() for e in (*t.classes, *t.markers)]
+        self.low = min(rest) if rest else None
+        return out
+
+    def next_end_ms(self) -> int | None:
+        return min(self.ticks) if self.ticks else None
 
 
 @dataclass
@@ -21,13 +64,16 @@ class OwnedPartition:
     Attributes:
         partition: the input partition.
         outbox: the writer state of its ledger partition (entries for tombstones, output ends, checkpoints).
-        watermark: its commit watermark as reported with its last finished batch (lowest offset still buffered).
+        watermark: its commit watermark: the lowest offset still buffered as reported with its last finished
+            batch (``pipeline_watermark``), capped by the classes held for their tick (``held``).
         next_offset: the next offset its pipeline consumes.
         horizon: the highest input offset consumed by any incarnation.
         buffered, open_clusters: what its engine holds.
         last_input: wall time of its last input (idle flush); None: none since it was recovered.
         dirty: ledger entries were written since its last checkpoint.
         committed: the watermark last committed for it (None: not yet, or the commit failed: commit again).
+        held: class entries waiting for the end of their release tick (:mod:`~stream_anon.service.ticks`): not in
+            the ledger yet, dropped with the partition.
     """
 
     partition: int
@@ -40,14 +86,20 @@ class OwnedPartition:
     last_input: float | None = None
     dirty: bool = False
     committed: int | None = None
+    held: HeldClasses = field(default_factory=HeldClasses)
+    pipeline_watermark: int = field(init=False, default=-1)
+
+    def __post_init__(self) -> None:
+        self.pipeline_watermark = self.watermark
 
     @property
     def incarnation(self) -> str:
         return self.outbox.incarnation
 
     def report(self, *, watermark: int, next_offset: int, buffered: int, open_clusters: int, horizon: int) -> None:
-        """Take over what the pipeline reported with a finished batch."""
-        self.watermark, self.next_offset, self.horizon = watermark, next_offset, horizon
+        """Take over what the pipeline reported with a finished batch (the watermark capped by held classes)."""
+        self.pipeline_watermark = watermark
+        self.watermark, self.next_offset, self.horizon = self.held.cap(watermark), next_offset, horizon
         self.buffered, self.open_clusters = buffered, open_clusters
 
     def needs_checkpoint(self) -> bool:

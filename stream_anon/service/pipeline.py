@@ -39,20 +39,23 @@ import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any
+from typing import Any, NamedTuple
 
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.engine.release import Release
 from stream_anon.core.schema import Schema
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER, DeadLetter, RecordDecoder
 from stream_anon.formats.release import release_id
-from stream_anon.service.ledger import EntryFactory, LedgerEntry, Timing
+from stream_anon.service.ledger import KIND_CLASS, EntryFactory, LedgerEntry, Timing
 
 REASON_INTERNAL_ERROR = "internal_error"
 """A bug threw while handling the message (decoding, engine push, encoding): the exception's last line is in the
 log and, with ``dlq.payload: raw``, in the dead letter's ``error``."""
 REASON_CORRUPT_RECORD = "corrupt_record"
 """The Kafka client could not read the record (e.g. a header key that is not UTF-8): only its position is known."""
+REASON_OVERSIZED = "oversized"
+"""The message is longer than ``service.max_message_bytes`` (the decoder's reason), or too large for the consumer to
+receive at all (``kafka.receive_max_bytes``): then only its position is known."""
 REASON_CONTROL_ON_RECORD = "control_header_on_record"
 """A message with a value carries the control header: a flush marker has no value, so it is not a flush."""
 REASON_UNKNOWN_CONTROL = "unknown_control"
@@ -65,10 +68,10 @@ MAX_DEAD_HELD = 10_000
 """Offsets remembered as dead-lettered after a failed engine push (dropped from later releases); bounded."""
 
 
-@dataclass(frozen=True)
-class InputMessage:
+class InputMessage(NamedTuple):
     """One consumed input message (what the Kafka layer hands the pipeline).  ``corrupt``: the client could not
-    read the record at ``offset`` (its error text); value, key and headers are then unknown."""
+    read the record at ``offset`` (its error text; the dead-letter reason is ``unreadable_reason``); value, key and
+    headers are then unknown."""
 
     offset: int
     value: bytes | None
@@ -76,6 +79,7 @@ class InputMessage:
     headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp_ms: int | None = None
     corrupt: str | None = None
+    unreadable_reason: str = REASON_CORRUPT_RECORD  # or REASON_OVERSIZED
 
 
 @dataclass
@@ -202,12 +206,33 @@ class PartitionPipeline:
         out: list[LedgerEntry] = []
         stats = BatchStats()
         run: list[tuple[InputMessage, dict[str, Any]]] = []
+        decode, buffered, heap, accounted = self.decoder.decode, self._buffered, self._heap, self.accounted
+        id_field, engine_id = self._id_field, self._engine_id
         for m in messages:
-            if m.offset < self.next_offset:
+            offset = m.offset
+            if offset < self.next_offset:
                 continue  # already handled (duplicate delivery after a seek)
-            self.next_offset = m.offset + 1
-            if m.offset > self.horizon:
-                self.horizon = m.offset
+            self.next_offset = offset + 1
+            if offset > self.horizon:
+                self.horizon = offset
+            if not m.headers and m.corrupt is None and offset not in accounted:  # the common case, in one go
+                stats.consumed += 1
+                try:
+                    record = decode(m.value)
+                    if isinstance(record, DeadLetter):
+                        self._dead_letter(m, record, out, stats)
+                        continue
+                    rid = record[id_field] if id_field is not None else self.release_id(offset)
+                    record[engine_id] = offset  # the engine tracks records by source offset (unique)
+                except Exception as e:  # the guard, as below
+                    self._internal_error(m, "decode", e, out, stats)
+                    continue
+                ts = m.timestamp_ms
+                buffered[offset] = (rid, ts / 1000.0 if ts is not None else None, self._arrivals)
+                self._arrivals += 1
+                heapq.heappush(heap, offset)
+                run.append((m, record))
+                continue
             control = m.corrupt is None and _has_control(m.headers)
             # every message but a genuine end-of-stream marker is a consumed input (a control header on a record,
             # or an unknown control value, is dead-lettered and counted like any other input)
@@ -264,7 +289,7 @@ class PartitionPipeline:
         if not offsets:
             return
         rids = [buffered.pop(o)[0] for o in offsets]
-        out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
+        out.extend(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="delay_bound",
                                            horizon=self.horizon, detail="the engine did not release it"))
         stats.suppressed["delay_bound"] = stats.suppressed.get("delay_bound", 0) + len(offsets)
         what = "still buffered after the engine's flush" if everything else \
@@ -276,7 +301,7 @@ class PartitionPipeline:
         """The record of ``m``, or :data:`_FLUSH` for an end-of-stream marker, or None when ``m`` was
         dead-lettered (the entry is in ``out``)."""
         if m.corrupt is not None:
-            self._dead_letter(m, DeadLetter(REASON_CORRUPT_RECORD, m.corrupt), out, stats)
+            self._dead_letter(m, DeadLetter(m.unreadable_reason, m.corrupt), out, stats)
             return None
         if control:
             value = _control_value(m.headers)
@@ -372,6 +397,35 @@ class PartitionPipeline:
     def _emit_one(self, r: Release, trigger: int, out: list[LedgerEntry], stats: BatchStats,
                   now: float | None) -> None:
         buffered, dead = self._buffered, self._dead
+        ids = r.record_ids
+        helds = [buffered.get(off) for off in ids]
+        if not dead and None not in helds:  # the common case: every record is held, none was dead-lettered
+            offsets = [int(off) for off in ids]
+            rids = [h[0] for h in helds]  # type: ignore[index]
+            members = list(r.records)
+            delays = [int(d) for d in r.delays]
+            lat_ms: list[int | None] = [None] * len(offsets) if now is None else [
+                None if h[1] is None else int((now - h[1] if now > h[1] else 0.0) * 1000.0 + 0.5)  # type: ignore[index]
+                for h in helds]
+        else:
+            offsets, rids, members, delays, lat_ms = self._members(r, now, stats)
+        if offsets:
+            timing = Timing(trigger, delays, lat_ms if any(v is not None for v in lat_ms) else ())
+            out.extend(self._entries(r, offsets, rids, members, timing, stats))
+            stats.delays.extend(delays)
+            stats.ingest_latency_seconds.extend(v / 1000.0 for v in lat_ms if v is not None)
+        for off in ids:  # the entry is built: now the records leave the buffer
+            off = int(off)
+            if off in dead:
+                del dead[off]
+            else:
+                buffered.pop(off, None)
+
+    def _members(self, r: Release, now: float | None, stats: BatchStats
+                 ) -> tuple[list[int], list[Any], list[Any], list[int], list[int | None]]:
+        """The records of ``r`` to account for in its entry: not dead-lettered, held (an engine that releases a
+        record it does not hold is an internal error: never account an offset twice)."""
+        buffered, dead = self._buffered, self._dead
         offsets: list[int] = []
         rids: list[Any] = []
         members: list[Any] = []
@@ -394,39 +448,30 @@ class PartitionPipeline:
                 lat_ms.append(int((now - ts if now > ts else 0.0) * 1000.0 + 0.5))
             else:
                 lat_ms.append(None)
-        if offsets:
-            timing = Timing(trigger, delays, lat_ms if any(v is not None for v in lat_ms) else ())
-            out.append(self._entry(r, offsets, rids, members, timing, stats))
-            stats.delays.extend(delays)
-            stats.ingest_latency_seconds.extend(v / 1000.0 for v in lat_ms if v is not None)
-        for off in r.record_ids:  # the entry is built: now the records leave the buffer
-            off = int(off)
-            if off in dead:
-                del dead[off]
-            else:
-                buffered.pop(off, None)
+        return offsets, rids, members, delays, lat_ms
 
-    def _entry(self, r: Release, offsets: list[int], rids: list[Any], members: list[Any], timing: Timing,
-               stats: BatchStats) -> LedgerEntry:
+    def _entries(self, r: Release, offsets: list[int], rids: list[Any], members: list[Any], timing: Timing,
+                 stats: BatchStats) -> list[LedgerEntry]:
         if r.kind == "class":
-            entry, verdict = self.entries.released_class(
+            entries, verdict = self.entries.released_class(
                 offsets=offsets, record_ids=rids, members=members, generalized=r.generalized, size=int(r.size),
                 loss=float(r.loss), horizon=self.horizon, timing=timing)
             if verdict is not None and not verdict.ok:
-                stats.gate_refusals.append((entry.release_id, len(offsets), verdict.describe()))
+                stats.gate_refusals.append((entries[0].release_id, len(offsets), verdict.describe()))
                 stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
+            elif entries[0].kind != KIND_CLASS:  # its class message would not fit the output bound
+                stats.suppressed["oversized"] = stats.suppressed.get("oversized", 0) + len(offsets)
             else:
                 loss = float(r.loss)
                 stats.released += len(offsets)
                 stats.class_losses.append(loss)
                 stats.class_sizes.append(len(offsets))
                 stats.released_loss_sum += (loss if math.isfinite(loss) else 1.0) * len(offsets)
-            return entry
+            return entries
         reason = "leftover" if r.leftover else "delay_bound"
-        entry = self.entries.suppressed(offsets=offsets, record_ids=rids, reason=reason, horizon=self.horizon,
-                                        timing=timing)
         stats.suppressed[reason] = stats.suppressed.get(reason, 0) + len(offsets)
-        return entry
+        return self.entries.suppressed(offsets=offsets, record_ids=rids, reason=reason, horizon=self.horizon,
+                                       timing=timing)
 
     def _unencodable(self, r: Release, trigger: int, e: Exception, out: list[LedgerEntry],
                      stats: BatchStats) -> None:
@@ -447,7 +492,7 @@ class PartitionPipeline:
         line = last_line(e)
         stats.internal_errors.append(("encode", min(offsets) if offsets else trigger, line))
         if offsets:
-            out.append(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="gate",
+            out.extend(self.entries.suppressed(offsets=offsets, record_ids=rids, reason="gate",
                                                horizon=self.horizon, detail=f"internal error: {line}"))
             stats.suppressed["gate"] = stats.suppressed.get("gate", 0) + len(offsets)
 

@@ -21,6 +21,8 @@ from typing import Protocol, TypeVar
 from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
     Checkpoint,
+    ChunkAssembler,
+    EntryChunk,
     LedgerEntry,
     LedgerFormatError,
     LedgerRecord,
@@ -44,7 +46,9 @@ class LedgerScan:
     end) whose horizon is below the threshold max(committed, last checkpoint's watermark): by I3 everything
     before it holds only offsets below the threshold.  Only checkpoints stop the scan (they follow a flush, so a
     re-sent entry that landed out of order cannot end it early).  Foreign or corrupt messages are reported in
-    ``corrupt`` and skipped; identical re-writes of one entry count once.
+    ``corrupt`` and skipped; identical re-writes of one entry count once.  A chunked entry counts once all its
+    chunks are read (they are written in one send, with no checkpoint between them); one that misses chunks (a
+    crash between them) counts for nothing: its records are processed again and its chunks are tombstoned later.
     """
 
     def __init__(self, topic: str, partition: int, committed: int | None, *, group: str = "") -> None:
@@ -63,6 +67,9 @@ class LedgerScan:
         self._checkpoints: list[tuple[int, bytes]] = []
         self._corrupt: list[tuple[int, str]] = []
         self._horizon = -1
+        self._chunks = ChunkAssembler()
+        self._chunk_keys: list[tuple[int, bytes]] = []  # (entry's last offset, key) of every chunk read
+        self._chunked: set[bytes] = set()  # keys of the entries that were read as chunks (they have no own key)
 
     def add_chunk(self, chunk: Sequence[LedgerRecord]) -> bool:
         if self.done:
@@ -81,6 +88,18 @@ class LedgerScan:
                 self._corrupt.append((rec.offset, f"foreign: a record of {item.topic}/{item.partition}"))
                 continue
             self._horizon = max(self._horizon, item.horizon)
+            if isinstance(item, EntryChunk):
+                self._chunk_keys.append((item.last, item.key))
+                try:
+                    whole = self._chunks.add(rec.offset, item)
+                except LedgerFormatError as e:
+                    self._corrupt.append((rec.offset, str(e)))
+                    continue
+                if whole is not None:
+                    entry, _keys, last_offset = whole
+                    self._chunked.add(entry.key)
+                    self._entries.append((last_offset, entry, entry.encode()))
+                continue
             if isinstance(item, Checkpoint):
                 if self.group and item.group and item.group != self.group:
                     self.foreign_groups.add(item.group)
@@ -128,7 +147,8 @@ class LedgerScan:
             checkpoint=ck, pending=pending, scan_from=ck.ends_map if ck is not None else None,
             conflicts=tuple((o, tuple(los)) for o, los in sorted(conflicts.items())),
             corrupt=tuple(self._corrupt), records_read=self.records_read, tombstones=self.tombstones,
-            seen_entries=tuple((e.last_offset, e.key) for _, e in unique),
+            seen_entries=tuple((e.last_offset, e.key) for _, e in unique if e.key not in self._chunked)
+            + tuple(self._chunk_keys),
             seen_checkpoints=tuple(reversed(self._checkpoints)), foreign_groups=tuple(sorted(self.foreign_groups)))
 
 
@@ -173,6 +193,15 @@ def outputs_to_resend(pending: Sequence[LedgerEntry], present: Collection[bytes]
 class LedgerConflictError(RuntimeError):
     """The ledger holds checkpoints of another consumer group: two services (two sets of output topics) share one
     ledger, which would make each skip the other's records.  A configuration error: ``run`` exits 2."""
+
+
+class LedgerLostError(RuntimeError):
+    """The broker holds less than the ledger says this service wrote: a ledger partition without any checkpoint
+    although the group committed an offset (every commit follows a checkpoint, and compaction keeps the newest one:
+    the ledger was deleted or recreated), or an output partition that ends below the end the ledger's last
+    checkpoint recorded (the output topic was deleted or recreated).  Going on would publish over the loss and
+    account for records that are gone: ``run`` exits 4, on every start, until the operator acts
+    (docs/service.md, "A topic that was deleted or recreated")."""
 
 
 class PartitionReading(Protocol):
@@ -253,6 +282,11 @@ class PartitionRecovery:
             return scan
 
         plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+        if committed is not None and plan.checkpoint is None:
+            raise LedgerLostError(
+                f"ledger {topic}[{lp}] holds no checkpoint, yet group {self.group!r} committed offset {committed} of "
+                f"{self.topics.input}[{partition}]: the ledger was deleted or recreated (or topics.ledger names "
+                f"another one); nothing is consumed or published over it")
         if plan.foreign_groups:
             raise LedgerConflictError(
                 f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
@@ -298,7 +332,8 @@ class PartitionRecovery:
 
     def _scan_outputs(self, partition: int, plan: RecoveryPlan) -> tuple[OutputPresence, dict[str, int]]:
         """Step d's reads: which promised outputs are in the output partitions (when any is pending), and where
-        this incarnation's outputs will land at the earliest."""
+        this incarnation's outputs will land at the earliest.  An output partition that ends below the end the
+        last checkpoint recorded lost what this service wrote there: :class:`LedgerLostError`."""
         presence = OutputPresence()
         ends: dict[str, int] = {}
         for role, topic in self.topics.roles.items():
@@ -315,6 +350,12 @@ class PartitionRecovery:
             if plan.pending:
                 msgs, ends[role] = self.retry(f"partition {partition}: scan of {topic}", scan)
                 presence.add_many(role, msgs)
-            elif since is None:
+            else:
                 ends[role] = self.retry(f"partition {partition}: end of {topic}", end)
+            if since is not None and ends[role] < since:
+                lp = self.producers.ledger.partition_for(self.topics.ledger, partition)
+                raise LedgerLostError(
+                    f"{topic}[{op}] ends at offset {ends[role]}, below offset {since} that the last checkpoint of "
+                    f"ledger partition {self.topics.ledger}[{lp}] recorded: the output topic was deleted or "
+                    f"recreated; nothing is re-sent or published over it")
         return presence, ends

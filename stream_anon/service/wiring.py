@@ -66,7 +66,8 @@ def make_entry_factory(cfg: Config, schema: Schema) -> Callable[[int, str], Entr
                                                  include_record_ids=opts.include_record_ids, requirement=req),
                             secret=secret, dlq_payload=opts.dlq_payload,
                             dlq_max_payload_bytes=opts.dlq_max_payload_bytes,
-                            gate=PrePublishGate(schema, k=a.k, requirement=req, reference_every=every))
+                            gate=PrePublishGate(schema, k=a.k, requirement=req, reference_every=every),
+                            max_message_bytes=cfg.service.max_output_bytes)
 
     return factory
 

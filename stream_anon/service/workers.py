@@ -39,9 +39,10 @@ from stream_anon.service.wiring import load_schema, make_engine_factory, make_en
 
 log = logging.getLogger(__name__)
 
-RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None, str | None]
-"""(offset, value, key, headers, timestamp_ms, corrupt) of one input message (cheap to pickle); ``corrupt``: the
-client's error for a record it could not read (value, key and headers are then None/empty)."""
+RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int | None,
+                   tuple[str, str] | None]
+"""(offset, value, key, headers, timestamp_ms, unreadable) of one input message (cheap to pickle); ``unreadable``:
+(reason, the client's error) for a record it could not read (value, key and headers are then None/empty)."""
 
 EntryFactoryMaker = Callable[[int, str], EntryFactory]
 """(partition, incarnation) -> the partition's :class:`EntryFactory` (``wiring.make_entry_factory``)."""
@@ -173,7 +174,8 @@ class Pipelines:
         res: BatchResult
         match work:
             case ProcessBatch(messages=msgs, now=now):
-                res = pipe.process([InputMessage(o, v, k, h, ts, bad) for o, v, k, h, ts, bad in msgs], now)
+                res = pipe.process([InputMessage(o, v, k, h, ts) if bad is None else
+                                    InputMessage(o, v, k, h, ts, bad[1], bad[0]) for o, v, k, h, ts, bad in msgs], now)
                 n = len(msgs)
             case FlushPartition(now=now):
                 res, n = pipe.flush(now), 0
@@ -271,10 +273,15 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
 
 
 class ProcessBackend:
-    """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker."""
+    """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker.
 
-    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2) -> None:
+    Requests go to each worker through a sender thread (a queue, then its pipe), so the loop never blocks on a pipe
+    that a busy or frozen worker does not read: only :meth:`results` waits for a worker, and that wait looks at
+    ``stop`` (a stop is never held by a worker)."""
+
+    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2, *, stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
+        self.stop = stop  # true: a wait for a busy worker (backpressure) ends at once (the stop path takes over)
         self.n = n
         self.max_in_flight = max_in_flight
         self._conns: list[Connection] = []
@@ -292,7 +299,25 @@ class ProcessBackend:
             self._conns.append(req_write)
             self._results.append(res_read)
             self._procs.append(proc)
+        self._outbox: list[queue.Queue[object]] = [queue.Queue() for _ in range(n)]
+        for i in range(n):
+            threading.Thread(target=self._send_loop, args=(i,), name=f"pipeline-{i}-requests", daemon=True).start()
         log.info("pipelines run in %d worker process(es): %s", n, [p.pid for p in self._procs])
+
+    def _send_loop(self, w: int) -> None:
+        """Sender thread of worker ``w``: its requests, in order, into its pipe (ends on None or a broken pipe)."""
+        q, conn = self._outbox[w], self._conns[w]
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            try:
+                conn.send(item)
+            except (OSError, ValueError):  # the worker is gone: its results pipe tells the loop (WorkerError)
+                return
+
+    def _send(self, w: int, request: object) -> None:
+        self._outbox[w].put(request)
 
     def _w(self, partition: int) -> int:
         return partition % self.n
@@ -302,11 +327,11 @@ class ProcessBackend:
         return sum(self._in_flight)
 
     def create(self, request: CreatePartition) -> None:
-        self._conns[self._w(request.partition)].send(request)
+        self._send(self._w(request.partition), request)
 
     def submit(self, work: Work) -> None:
         w = self._w(work.partition)
-        self._conns[w].send(work)
+        self._send(w, work)
         self._in_flight[w] += 1
 
     def _recv(self, w: int) -> PartitionResult:
@@ -331,22 +356,40 @@ class ProcessBackend:
                 if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                     raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) did not answer within "
                                       f"{timeout:.0f} s")
+                if deadline is None and not wait_all and not self._answered(conn):
+                    return out  # stopping while a worker is busy: the stop path collects (bounded)
                 out.append(self._recv(w))
         return out
 
+    def _answered(self, conn: Connection) -> bool:
+        """Wait for a result on ``conn`` (backpressure), in slices; False as soon as the service stops."""
+        while not conn.poll(0.2):
+            if self.stop is not None and self.stop():
+                return False
+        return True
+
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
-            self._conns[self._w(p)].send(DropPartitions((p,)))
+            self._send(self._w(p), DropPartitions((p,)))
 
     def close(self) -> None:
-        for conn in self._conns:
-            try:
-                conn.send(StopWorker())
-            except (OSError, ValueError):
-                pass
+        """Stop the workers: each finishes the batches it was given, then exits; results nobody collected any more
+        are read and dropped meanwhile (a worker blocked on a full result pipe would never see its stop).  A worker
+        that does not exit within ``CLOSE_TIMEOUT_SECONDS`` (e.g. frozen) is killed."""
+        for w in range(self.n):
+            self._send(w, StopWorker())
+            self._send(w, None)
         deadline = time.monotonic() + CLOSE_TIMEOUT_SECONDS
+        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+            for res in self._results:
+                try:
+                    while res.poll():
+                        res.recv()
+                except (EOFError, OSError):
+                    pass
+            for proc in self._procs:
+                proc.join(0.02)
         for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():  # it ignores SIGTERM (the parent decides): SIGKILL
                 proc.kill()
                 proc.join(2)

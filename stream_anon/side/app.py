@@ -49,6 +49,7 @@ a secret is generated for this run and a WARNING says that copies of different r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -73,15 +74,17 @@ from stream_anon.formats.release import (
     dead_letter_message,
     resolve_secret,
 )
-from stream_anon.kafka_io.clients import connect_admin, make_consumer, prepare_topics, retry
+from stream_anon.kafka_io.clients import connect_admin, prepare_topics, retry
+from stream_anon.kafka_io.consumers import open_poller
 from stream_anon.kafka_io.errors import (
     BrokerUnavailableError,
     CommitFailedError,
     MessageRejectedError,
     ProducerFatalError,
 )
-from stream_anon.kafka_io.lifecycle import Closing, StopClock
-from stream_anon.kafka_io.poller import GroupPoller, PolledRecord, Poller
+from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
+from stream_anon.kafka_io.limits import FALLBACK_MESSAGE_MAX_BYTES, read_output_bound
+from stream_anon.kafka_io.poller import PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -217,6 +220,7 @@ class SidePathApp:
         self._admin: KafkaAdminClient | None = None  # kept open for the anchor
         self._anchored: BudgetAnchor | None = None  # the anchor as last committed
         self._poller: Poller | None = None
+        self._bound = FALLBACK_MESSAGE_MAX_BYTES  # the output bound, read from the broker at start
         self._producer: OutputProducer | None = None
         self._ended: set[int] = set()  # input partitions whose latest message was an end-of-stream control
         self._unacked: list[Out] = []  # sent, not yet acknowledged (counted in metrics at the next flush)
@@ -276,6 +280,10 @@ class SidePathApp:
                 retry("create the budget topic", lambda: topic.ensure(admin), cfg.kafka, stop=stop)
                 anchor[0] = retry("read the budget anchor", lambda: read_anchor(admin, self.input_topic), cfg.kafka,
                                   stop=stop)
+            # the output bound (issue 18): dead letters cut to fit, batches never larger
+            self._bound = retry("message size limits", lambda: read_output_bound(
+                admin, wanted, max_request_size=cfg.kafka.max_request_size,
+                configured=cfg.service.max_output_bytes), cfg.kafka, stop=stop).bytes
 
         try:
             counts = prepare_topics(cfg.kafka, wanted, cfg.topics.layout(), what="create side topics",
@@ -283,7 +291,8 @@ class SidePathApp:
         except BudgetTopicError as e:
             return self._failed_start(f"not started: {e}", 2)
         # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
-        self._producer = open_producer(cfg.kafka, partition_counts=counts, on_error=self.metrics.produce_error,
+        kafka = dataclasses.replace(cfg.kafka, batch_size=min(cfg.kafka.batch_size, self._bound))
+        self._producer = open_producer(kafka, partition_counts=counts, on_error=self.metrics.produce_error,
                                        stop=StopClock(self.stop_event).give_up, label="side")
         store = self.budget_store
         if store is not None:
@@ -296,9 +305,9 @@ class SidePathApp:
                 return rc
             self._admin = connect_admin(cfg.kafka, on_retry=self.metrics.reconnect, stop=stop)  # for the anchor
             self._publish([], 0)  # a first or new budget: its head, then the anchor, before any record
-        consumer = retry("consumer", lambda: make_consumer(cfg.kafka, group_id=self.group_id), cfg.kafka, stop=stop)
-        self._poller = GroupPoller(consumer, self.input_topic, max_records=cfg.kafka.max_poll_records,
-                                   reader=lambda: PartitionReader(cfg.kafka))
+        self._poller = retry("consumer", lambda: open_poller(cfg.kafka, self.input_topic, group_id=self.group_id,
+                                                             reader=lambda: PartitionReader(cfg.kafka)),
+                             cfg.kafka, stop=stop)
         return 0
 
     def run(self) -> int:
@@ -408,12 +417,12 @@ class SidePathApp:
             if time.monotonic() - self._last_flush >= self._flush_every:
                 self._flush()
 
-    def _unreadable(self, partition: int, offset: int, error: str) -> bool:
-        """A record the consumer cannot read (found by the poller, as the main path's are): skipped as
-        ``corrupt_record``, the poller seeks past it."""
-        log.warning("side paths: the record at %s[%d] offset %d cannot be read (%s): skipped as corrupt_record",
-                    self.input_topic, partition, offset, error[:300])
-        self._skip("corrupt_record")
+    def _unreadable(self, partition: int, offset: int, reason: str, error: str) -> bool:
+        """A record the consumer cannot read (found by the poller, as the main path's are: ``corrupt_record``, or
+        ``oversized`` when too large to receive): skipped with that reason, the poller moves past it."""
+        log.warning("side paths: the record at %s[%d] offset %d cannot be read (%s): skipped as %s",
+                    self.input_topic, partition, offset, error[:300], reason)
+        self._skip(reason)
         return True
 
     def _decode(self, partition: int, recs: Sequence[PolledRecord]) -> _Decoded:
@@ -475,8 +484,9 @@ class SidePathApp:
         poller = self._poller
         assert poller is not None
         next_offset = int(recs[-1].offset) + 1
-        try:
-            poller.commit_sync({partition: next_offset})
+        try:  # bounded: a stalled broker must not hold the side paths (nor their stop) longer than one request
+            poller.commit_sync({partition: next_offset},
+                               timeout_s=min(self.cfg.kafka.request_timeout_ms, LOOP_REQUEST_TIMEOUT_MS) / 1000)
             return True
         except CommitFailedError as e:
             where = f"{self.input_topic}[{partition}]"
@@ -547,7 +557,7 @@ class SidePathApp:
         msg = dead_letter_message(input_topic=self.input_topic, partition=partition, offset=int(r.offset),
                                   reason=dl.reason, field=dl.field, error=dl.error, value=r.value, key=r.key,
                                   secret=self.secret.value, payload=o.dlq_payload,
-                                  max_payload_bytes=o.dlq_max_payload_bytes)
+                                  max_payload_bytes=o.dlq_max_payload_bytes, max_message_bytes=self._bound)
         return OutputMessage("dlq", self.topics.dlq, partition, msg.key, msg.value)
 
     def _publish(self, outputs: list[Out], partition: int, windows: Sequence[MixedWindow] = (),

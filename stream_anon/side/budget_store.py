@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
-from stream_anon.kafka_io.clients import client_options, cluster_brokers
+from stream_anon.kafka_io.clients import client_options, cluster_brokers, fetch_limits
 from stream_anon.kafka_io.producer import OutputProducer
 from stream_anon.kafka_io.settings import COMPACTED_TOPIC_CONFIG
 from stream_anon.side.budgets import BudgetAnchor, anchor_group
@@ -92,8 +92,8 @@ class BudgetTopic:
     def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
         """key -> latest value (tombstones drop their key) of the whole partition."""
         consumer = KafkaConsumer(**client_options(self.cfg.kafka), group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", max_partition_fetch_bytes=4 * 1048576,
-                                 fetch_max_wait_ms=20)
+                                 auto_offset_reset="earliest", fetch_max_wait_ms=20,
+                                 **fetch_limits(self.cfg.kafka, partition_bytes=4 * 1048576))
         tp = TopicPartition(self.topic, 0)
         out: dict[str, bytes] = {}
         try:
