@@ -5,10 +5,12 @@ replayed while the faults happen (issue 17 item 3):
 (a) ``kill -9`` of the broker that leads every partition of the input, ledger and outputs, three times mid-replay
     (each node once: it is made the leader of them all first, by a preferred-leader election), restarting it each
     time;
-(b) a rolling restart of all three brokers (SIGTERM: controlled shutdown, start, replicas back in sync; the next);
+(b) a rolling restart of all three brokers (SIGTERM: controlled shutdown; progress without it; start, replicas back
+    in sync; the next);
 (c) one broker down for longer than the consumer session timeout: the group's coordinator, also made the leader
     of every main-path partition, frozen (SIGSTOP: it neither answers nor closes its connections) for at least
-    twice the session timeout and until the service committed progress on every partition without it;
+    twice the session timeout, with committed progress measured twice while it is down (after the freeze, and again
+    after twice the session timeout);
 (d) ``kill -9`` of the service during a leader election, twice: at the same moment as a ``kill -9`` of the leader of
     every main-path partition (the controller fences it and elects new leaders over the next seconds), and while a
     preferred-leader election moves them all to another node; a new service starts at once each time.
@@ -16,14 +18,19 @@ replayed while the faults happen (issue 17 item 3):
 Each scenario: every input offset accounted exactly once (``stream-anon audit`` OK), nothing lost, nothing published
 twice on the anon topic (nor on suppressed/dlq), every class >= k, >= l and within the t-closeness default by the
 independent verifier (with coverage of the originals through the ledger's record ids), the service never exits
-before it is told to and stops with 0, and no side copy twice (the side paths are at most once by design).  The
-time from each fault to committed progress on every input partition is measured and printed (``-s``).
+before it is told to and stops with 0, and no side copy twice (the side paths are at most once by design).
+
+Time to committed progress after a fault: from the fault until the group's committed offset of every input partition
+is past that partition's end at the fault (every record acknowledged before the fault is anonymized, published and
+committed, which needs records after it: CASTLE holds up to delta).  Printed per scenario (``-s``) with the other
+figures (``FIGURES {...}`` lines; docs/deploy.md, "Cluster faults").
 
 The topics are the service's own: it creates them (replication factor 3 and ``min.insync.replicas`` 2 by default on
 a cluster of three, ``topics.replication_factor`` unset), checked here.  The replay's producer is idempotent with
-``acks=all``; the replay holds before each fault's records until the fault is injected, so every fault falls in the
-middle of the stream however fast the machine is.  One cluster serves the module (starting three JVMs costs ~20 s):
-each scenario has its own topics and groups, and every node runs and is thawed before and after each.
+``acks=all``; the replay holds a little past each fault's trigger point until the fault is injected, so every fault
+falls in the middle of the stream however fast or slow the machine is.  One cluster serves the module (starting
+three JVMs costs ~20-40 s): each scenario has its own topics and groups, and every node runs and is thawed before
+and after each.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from apache_kafka_support import KafkaCluster, ServiceProcess, start_cluster, wait_for
+from apache_kafka_support import KafkaCluster, ServiceProcess, start_cluster
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka_service_support import adult_rows, audit, topic_flags
+from waiting import wait_for
 
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
@@ -56,10 +64,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 2
 SESSION_TIMEOUT_MS = 6000
-CHUNK = 500  # replay chunk: each acknowledged before the next
-AHEAD = 3500  # records the replay sends past a fault's trigger point before it holds (> 2 x delta: reachable)
+CHUNK = 1000  # replay chunk: each acknowledged before the next
+AHEAD = 3000  # records the replay sends past a fault's trigger point before it holds (> partitions x delta)
 OK_LINE = "OK: every input offset accounted exactly once, every promised output published exactly once"
 FIGURES: list[dict[str, Any]] = []
+
+
+def until(what: str, cond: Callable[[], object], service: ServiceProcess | None, timeout_s: float,
+          interval_s: float = 0.2) -> None:
+    """:func:`waiting.wait_for`, failing at once (with the service's log) when ``service`` exits."""
+    wait_for(cond, timeout_s, what, interval=interval_s, alive=service.assert_alive if service else None,
+             context=service.text if service else None)
 
 
 # ------------------------------------------------------------------------------------------------ the cluster
@@ -106,12 +121,12 @@ def lead_all(c: KafkaCluster, node: int, topics: Sequence[str]) -> None:
                  [node, *(r for r in p["replica_nodes"] if r != node)]
                  for d in a.describe_topics(list(topics)) for p in d["partitions"]}
         a.alter_partition_reassignments(moves)
-        wait_for("the reassignment done", lambda: not a.list_partition_reassignments(), None, 60)
+        until("the reassignment done", lambda: not a.list_partition_reassignments(), None, 60)
         a.elect_leaders(0, {t: list(range(PARTITIONS)) for t in topics}, raise_errors=False)
     finally:
         a.close()
-    wait_for(f"node {node} leading {list(topics)}",
-             lambda: all(p["leader"] == node for t in topics for p in c.describe(t)), None, 60)
+    until(f"node {node} leading {list(topics)}",
+          lambda: all(p["leader"] == node for t in topics for p in c.describe(t)), None, 60)
 
 
 def coordinator_of(c: KafkaCluster, group: str) -> int:
@@ -151,7 +166,6 @@ class Replay(threading.Thread):
         super().__init__(name="replay", daemon=True)
         self.bs, self.topic, self.rows, self.gates = bs, topic, rows, list(gates)
         self.released = [threading.Event() for _ in gates]
-        self.sent = 0
         self.counts: dict[int, int] = {}
         self.failure: BaseException | None = None
         self.done = threading.Event()
@@ -159,20 +173,27 @@ class Replay(threading.Thread):
     def release(self, i: int) -> None:
         self.released[i].set()
 
+    def acknowledged(self) -> dict[int, int]:
+        """Records acknowledged so far per partition (the partition's end offset, records only)."""
+        counts = dict(self.counts)
+        return {p: counts.get(p, 0) for p in range(PARTITIONS)}
+
     def run(self) -> None:
         producer = KafkaProducer(bootstrap_servers=self.bs, acks="all", enable_idempotence=True, linger_ms=5,
                                  request_timeout_ms=10000, delivery_timeout_ms=300000)
         try:
             for i in range(0, len(self.rows), CHUNK):
                 for g, ev in zip(self.gates, self.released, strict=True):
-                    if i >= g:
-                        ev.wait(600)
-                stats = replay_records(self.rows[i:i + CHUNK], self.topic, self.bs, partitions=PARTITIONS,
-                                       create_topic=False, producer=producer, flush_timeout_s=300)
-                assert stats.errors == 0 and stats.records_acked == len(self.rows[i:i + CHUNK]), stats.summary()
-                self.sent += stats.records_acked
+                    if i >= g and not ev.wait(900):
+                        raise TimeoutError(f"fault gate at record {g} never released")
+                chunk = self.rows[i:i + CHUNK]
+                stats = replay_records(chunk, self.topic, self.bs, partitions=PARTITIONS, create_topic=False,
+                                       producer=producer, flush_timeout_s=300)
+                assert stats.errors == 0 and stats.records_acked == len(chunk), stats.summary()
+                counts = dict(self.counts)
                 for p, n in stats.partition_counts.items():
-                    self.counts[p] = self.counts.get(p, 0) + n
+                    counts[p] = counts.get(p, 0) + n
+                self.counts = counts  # replaced whole: readers see one consistent snapshot
             send_flush_markers(producer, self.topic, list(range(PARTITIONS)))
         except BaseException as e:  # reported by the test
             self.failure = e
@@ -181,7 +202,7 @@ class Replay(threading.Thread):
             self.done.set()
 
     def ends(self) -> dict[int, int]:
-        return {p: self.counts.get(p, 0) + 1 for p in range(PARTITIONS)}  # + one end-of-stream marker
+        return {p: n + 1 for p, n in self.acknowledged().items()}  # + one end-of-stream marker
 
 
 @dataclass
@@ -199,6 +220,7 @@ class Scenario:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.started = time.monotonic()
         self.prefix = f"cf{self.name[:1]}{uuid.uuid4().hex[:6]}"
         self.bs = self.cluster.bootstrap_servers
         self.group, self.input = f"{self.prefix}-main", f"{self.prefix}.raw"
@@ -211,14 +233,15 @@ class Scenario:
 
     @property
     def side_topics(self) -> list[str]:
-        return [f"{self.prefix}.{r}" for r in ("krr", "rs", "blap", "estimates", "kmeans")] + \
-            [f"{self.input}.side-budget"]
+        return [f"{self.prefix}.{r}" for r in ("krr", "rs", "blap", "estimates")] + [f"{self.input}.side-budget"]
 
     @property
     def service(self) -> ServiceProcess:
         return self.services[-1]
 
     def cmd(self) -> list[str]:
+        # every anonymization and topic option is the service's default (k, delta, l, t-closeness, replication)
+        # but the topic names
         return [sys.executable, "-m", "stream_anon", "--log-level", "INFO", "run", "--bootstrap-servers", self.bs,
                 *topic_flags(self.prefix), "--group-id", self.group, "--partitions", str(PARTITIONS), "--seed", "3",
                 "--metrics-port", "0", "--set", "service.side_metrics_port=0",
@@ -226,7 +249,6 @@ class Scenario:
                 "--set", "kafka.request_timeout_ms=5000", "--set", "kafka.retry_backoff_max_seconds=2",
                 "--set", "kafka.startup_retry_seconds=120", "--set", "service.commit_interval_ms=250",
                 "--set", "service.producer_recovery_seconds=10", "--set", "kafka.max_poll_records=500"]
-        # every topic option is the service's default but the names: k, delta, l, t-closeness, replication
 
     def start_service(self) -> ServiceProcess:
         s = ServiceProcess(self.cmd(), self.tmp_path / f"service-{len(self.services)}.log")
@@ -245,42 +267,40 @@ class Scenario:
     def start(self) -> None:
         """The service up (main path assigned both partitions, side paths consuming), its topics in sync."""
         s = self.start_service()
-        wait_for("the main path assigned both partitions and the side paths consuming",
-                 lambda: f"assigned partitions {list(range(PARTITIONS))}" in s.text()
-                 and "side paths: consuming" in s.text(), s, 180)
+        until("the main path assigned both partitions and the side paths consuming",
+              lambda: f"assigned partitions {list(range(PARTITIONS))}" in s.text()
+              and "side paths: consuming" in s.text(), s, 180)
         self.cluster.wait_in_sync(self.main_topics + self.side_topics, 120)
         self.replay.start()
 
-    def before_fault(self, i: int) -> dict[int, int]:
-        """Wait until fault ``i``'s share of ADULT is committed; the committed offsets then."""
+    def before_fault(self, i: int) -> None:
+        """Wait until fault ``i``'s share of ADULT is committed."""
         target = self.triggers[i] * len(self.rows)
-        wait_for(f"{self.triggers[i]:.0%} of ADULT committed", lambda: self.committed_total() >= target,
-                 self.service, 300)
+        until(f"{self.triggers[i]:.0%} of ADULT committed", lambda: self.committed_total() >= target,
+              self.service, 300)
         assert self.replay.failure is None, self.replay.failure
-        return self.committed()
 
-    def progressed(self, before: dict[int, int], t0: float, what: str, service: ServiceProcess | None = None,
-                   also: Callable[[], bool] = lambda: True) -> float:
-        """Seconds from ``t0`` until every input partition's committed offset moved past ``before`` (and
-        ``also()``); recorded."""
+    def progressed(self, point: dict[int, int], t0: float, what: str) -> float:
+        """Seconds from ``t0`` (the fault) until every input partition's committed offset is past ``point`` (its
+        end at the fault); recorded."""
         def moved() -> bool:
             try:
                 now = self.committed()
             except Exception:
                 return False
-            return all(now[p] > before[p] for p in range(PARTITIONS)) and also()
+            return all(now[p] > point[p] for p in range(PARTITIONS))
 
-        wait_for(f"committed progress on every partition after {what}", moved, service or self.service, 300,
-                 interval=0.2)
-        took = time.monotonic() - t0
-        self.progress_s.append(round(took, 1))
+        until(f"committed progress on every partition past {point} after {what}", moved, self.service, 300)
+        took = round(time.monotonic() - t0, 1)
+        self.progress_s.append(took)
+        print(f"\n{self.name}: {what}: committed progress after {took:.1f} s")
         return took
 
     def finish(self) -> dict[str, Any]:
         """The replay ended, both groups at the ends, the service stopped (exit 0); audit and every check.
         Returns the figures."""
         svc = self.service
-        wait_for("the replay done", self.replay.done.is_set, svc, 600)
+        until("the replay done", self.replay.done.is_set, svc, 600)
         assert self.replay.failure is None, self.replay.failure
         ends = self.replay.ends()
         side_group = f"{self.group}-ldp"
@@ -291,7 +311,7 @@ class Scenario:
             except Exception:
                 return False
 
-        wait_for(f"the main and side groups committed to {ends}", at_ends, svc, 300, interval=0.3)
+        until(f"the main and side groups committed to {ends}", at_ends, svc, 300)
         for s in self.services[:-1]:
             assert s.proc.poll() is not None  # only the killed ones ended
         rc = svc.stop(timeout_s=90)
@@ -305,6 +325,7 @@ class Scenario:
     def check(self, ends: dict[int, int]) -> dict[str, Any]:
         schema = adult_schema()
         qis = [a.name for a in schema.qis]
+        sensitive = schema.sensitive[0].name
         snap = collect_outputs(self.bs, input_topic=self.input, anon=f"{self.prefix}.anon",
                                suppressed=f"{self.prefix}.suppressed", dlq=f"{self.prefix}.dlq", qis=qis,
                                sensitive=[a.name for a in schema.sensitive], input_ends=ends)
@@ -317,8 +338,8 @@ class Scenario:
         cfg = Config.load(env={}, overrides={"topics.input": self.input})
         a = cfg.anonymization
         req = a.requirement(schema)
-        assert req is not None and req.t is not None  # the default: l = 2 plus t-closeness
-        public = verify_release_frame(snap.public, qis, a.k, None, "income", record_id=None, schema=schema,
+        assert req is not None and req.t is not None and a.l is not None  # the default: l = 2 plus t-closeness
+        public = verify_release_frame(snap.public, qis, a.k, int(a.l), sensitive, record_id=None, schema=schema,
                                       requirement=req, references=snap.references)
         original = pd.DataFrame(self.rows)
         coverage = verify_release_frame(released[["record_id", "class_id", *qis]].astype({"record_id": str}), qis,
@@ -328,13 +349,16 @@ class Scenario:
             keys = [m.key for m in read_topic_with_headers(self.bs, f"{self.prefix}.{role}", timeout_s=60)]
             side[role] = (len(keys), len(keys) - len(set(keys)))
         settings = topic_settings(self.cluster, self.main_topics + self.side_topics)
+        counts = public.violation_counts
         figures = {"scenario": self.name, "records_in": len(self.rows), "accounted": acc.accounted - snap.control,
                    "lost": lost, "duplicated": duplicated + ids_twice,
                    "anon_duplicated": len(snap.published["anon"].duplicated),
-                   "k_violations": len(public.violations), "classes": snap.classes, "released": len(released),
+                   "k_violations": counts.get("class below k", 0), "l_violations": counts.get("class below l", 0),
+                   "t_violations": counts.get("class not t-close", 0), "classes": snap.classes,
+                   "released": len(released), "suppressed": int((records.outcome == "suppressed").sum()),
                    "min_class": public.min_class_size, "progress_s": self.progress_s,
                    "side_copies": {r: n for r, (n, _) in side.items()}, "services": len(self.services),
-                   "notes": self.notes}
+                   "wall_s": round(time.monotonic() - self.started, 1), "notes": self.notes}
         FIGURES.append(figures)
         print(f"\nFIGURES {json.dumps(figures)}")
         assert all(v == (3, "2") for v in settings.values()), settings  # the service's topics: RF 3, min ISR 2
@@ -360,91 +384,96 @@ def test_a_leader_of_everything_killed_three_times_mid_replay(healthy: KafkaClus
     sc.start()
     for i, victim in enumerate((1, 2, 3)):
         lead_all(healthy, victim, sc.main_topics)
-        before = sc.before_fault(i)
+        sc.before_fault(i)
         assert all(p["leader"] == victim for t in sc.main_topics for p in healthy.describe(t))
+        point = sc.replay.acknowledged()
         healthy.kill(victim)
         t0 = time.monotonic()
         sc.replay.release(i)
-        took = sc.progressed(before, t0, f"kill -9 of node {victim}")
+        took = sc.progressed(point, t0, f"kill -9 of node {victim}")
         up = healthy.start_node(victim)
         healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
-        sc.notes.append(f"node {victim}: progress {took:.1f} s after the kill, restarted in {up:.1f} s")
+        sc.notes.append(f"node {victim} killed: progress {took:.1f} s after the kill; restarted in {up:.1f} s")
         sc.service.assert_alive()
     sc.finish()
 
 
 @pytest.mark.timeout(900)
-def test_a_rolling_restart_of_all_three_brokers_during_the_replay(healthy: KafkaCluster,
+def test_b_rolling_restart_of_all_three_brokers_during_the_replay(healthy: KafkaCluster,
                                                                  adult: list[dict[str, Any]], tmp_path: Path) -> None:
     sc = Scenario("b-rolling-restart", healthy, tmp_path, adult, [0.15, 0.4, 0.65])
     sc.start()
     for i, node in enumerate((1, 2, 3)):
-        before = sc.before_fault(i)
+        sc.before_fault(i)
+        point = sc.replay.acknowledged()
         t0 = time.monotonic()
         healthy.stop_node(node)  # SIGTERM: controlled shutdown (its leaderships move first)
         down = time.monotonic() - t0
         sc.replay.release(i)
+        took = sc.progressed(point, t0, f"the stop of node {node}")
         up = healthy.start_node(node)
-        took = sc.progressed(before, t0, f"the restart of node {node}")
         healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
-        sc.notes.append(f"node {node}: stopped in {down:.1f} s, up {up:.1f} s later, progress {took:.1f} s after "
-                        f"the stop")
+        sc.notes.append(f"node {node}: stopped in {down:.1f} s, progress {took:.1f} s after the stop, up again in "
+                        f"{up:.1f} s")
         sc.service.assert_alive()
     sc.finish()
 
 
 @pytest.mark.timeout(900)
-def test_one_broker_down_longer_than_the_session_timeout(healthy: KafkaCluster, adult: list[dict[str, Any]],
-                                                         tmp_path: Path) -> None:
-    sc = Scenario("c-down-past-session-timeout", healthy, tmp_path, adult, [0.3])
+def test_c_one_broker_down_longer_than_the_session_timeout(healthy: KafkaCluster, adult: list[dict[str, Any]],
+                                                           tmp_path: Path) -> None:
+    sc = Scenario("c-down-past-session-timeout", healthy, tmp_path, adult, [0.25, 0.55])
     sc.start()
     victim = coordinator_of(healthy, sc.group)
     lead_all(healthy, victim, sc.main_topics)
-    before = sc.before_fault(0)
+    sc.before_fault(0)
     min_down = 2 * SESSION_TIMEOUT_MS / 1000
+    point = sc.replay.acknowledged()
     healthy.freeze(victim)
     t0 = time.monotonic()
     try:
         sc.replay.release(0)
-        took = sc.progressed(before, t0, f"node {victim} (coordinator and leader) frozen")
-        # still down past twice the session timeout: the group's sessions on it expired; progress again
-        wait_for("twice the session timeout down", lambda: time.monotonic() - t0 >= min_down, sc.service, 60)
-        again = sc.committed()
+        took = sc.progressed(point, t0, f"node {victim} (coordinator and leader) frozen")
+        # still down past twice the session timeout (every session it held expired): new records, progress again
+        until(f"node {victim} down {min_down:g} s", lambda: time.monotonic() - t0 >= min_down, sc.service, 60)
+        again = sc.replay.acknowledged()
         t1 = time.monotonic()
-        later = sc.progressed(again, t1, f"node {victim} down for {min_down:g} s")
+        sc.replay.release(1)
+        later = sc.progressed(again, t1, f"node {victim} down for {time.monotonic() - t0:.0f} s")
         down = time.monotonic() - t0
     finally:
         healthy.thaw(victim)
     healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
-    sc.notes.append(f"node {victim} (coordinator of {sc.group}, leader of the main topics) frozen {down:.1f} s "
-                    f"(session timeout {SESSION_TIMEOUT_MS / 1000:g} s): progress {took:.1f} s after the freeze and "
-                    f"again {later:.1f} s after {min_down:g} s down")
+    sc.notes.append(f"node {victim} (coordinator of the group, leader of the main topics) frozen {down:.1f} s "
+                    f"(session timeout {SESSION_TIMEOUT_MS / 1000:g} s): progress {took:.1f} s after the freeze, and "
+                    f"{later:.1f} s after new records {min_down:g} s into the outage")
     sc.finish()
 
 
 @pytest.mark.timeout(900)
-def test_the_service_killed_during_a_leader_election(healthy: KafkaCluster, adult: list[dict[str, Any]],
-                                                     tmp_path: Path) -> None:
+def test_d_the_service_killed_during_a_leader_election(healthy: KafkaCluster, adult: list[dict[str, Any]],
+                                                       tmp_path: Path) -> None:
     sc = Scenario("d-service-kill-in-election", healthy, tmp_path, adult, [0.25, 0.55])
     sc.start()
     # 1. the leader of every main-path partition and the service, both kill -9 at once; a new service at once
     victim = 1
     lead_all(healthy, victim, sc.main_topics)
-    before = sc.before_fault(0)
+    sc.before_fault(0)
+    point = sc.replay.acknowledged()
     healthy.kill(victim)
     sc.service.kill()
     t0 = time.monotonic()
-    leaders = {p["leader"] for t in sc.main_topics for p in healthy.describe(t)}
     sc.start_service()
     sc.replay.release(0)
-    took = sc.progressed(before, t0, "kill -9 of the service and of the leader")
+    took = sc.progressed(point, t0, "kill -9 of the service and of the leader")
     up = healthy.start_node(victim)
     healthy.wait_in_sync(sc.main_topics + sc.side_topics, 180)
-    sc.notes.append(f"service + leader node {victim} killed (leaders right after: {sorted(leaders)}); progress "
-                    f"{took:.1f} s later; node back in {up:.1f} s")
-    # 2. a preferred-leader election of every main-path partition to node 3, the service killed while it runs
+    sc.notes.append(f"service + leader node {victim} killed together: progress {took:.1f} s later (new service); "
+                    f"node back in {up:.1f} s")
+    # 2. a preferred-leader election of every main-path partition from node 2 to node 3, the service killed while
+    # it runs
     lead_all(healthy, 2, sc.main_topics)
-    before = sc.before_fault(1)
+    sc.before_fault(1)
     failed: list[BaseException] = []
 
     def elect() -> None:
@@ -453,14 +482,15 @@ def test_the_service_killed_during_a_leader_election(healthy: KafkaCluster, adul
         except BaseException as e:  # reported below
             failed.append(e)
 
+    point = sc.replay.acknowledged()
     election = threading.Thread(target=elect, daemon=True)
     election.start()
     sc.service.kill()
     t0 = time.monotonic()
     sc.start_service()
     sc.replay.release(1)
+    took = sc.progressed(point, t0, "kill -9 of the service during a preferred-leader election")
     election.join(120)
     assert not election.is_alive() and not failed, failed
-    took = sc.progressed(before, t0, "kill -9 of the service during a preferred-leader election")
-    sc.notes.append(f"service killed during the election 2 -> 3; progress {took:.1f} s later")
+    sc.notes.append(f"service killed during the election 2 -> 3: progress {took:.1f} s later (new service)")
     sc.finish()
