@@ -49,7 +49,8 @@ import pandas as pd
 import pytest
 from apache_kafka_support import KafkaCluster, ServiceProcess, start_cluster
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import KafkaError
 from kafka_service_support import adult_rows, audit, topic_flags
 from waiting import wait_for
 
@@ -57,6 +58,8 @@ from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io.reader import PartitionReader
+from stream_anon.kafka_io.settings import KafkaSettings
 from stream_anon.replay.kafka_replay import replay_records
 from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
 
@@ -180,7 +183,7 @@ class Replay(threading.Thread):
 
     def run(self) -> None:
         producer = KafkaProducer(bootstrap_servers=self.bs, acks="all", enable_idempotence=True, linger_ms=5,
-                                 request_timeout_ms=10000, delivery_timeout_ms=300000)
+                                 request_timeout_ms=10000, delivery_timeout_ms=300000, metadata_max_age_ms=5000)
         try:
             for i in range(0, len(self.rows), CHUNK):
                 for g, ev in zip(self.gates, self.released, strict=True):
@@ -494,3 +497,29 @@ def test_d_the_service_killed_during_a_leader_election(healthy: KafkaCluster, ad
     assert not election.is_alive() and not failed, failed
     sc.notes.append(f"service killed during the election 2 -> 3: progress {took:.1f} s later (new service)")
     sc.finish()
+
+
+@pytest.mark.timeout(300)
+def test_a_long_lived_reader_follows_a_leader_election(healthy: KafkaCluster) -> None:
+    """The recovery's partition reader (kafka-python) created before a preferred-leader election answers after it
+    within seconds: kafka-python 3.0 refreshes no metadata on a ``NOT_LEADER_OR_FOLLOWER`` answer to ListOffsets,
+    so without ``metadata_max_age_ms`` (kafka_io/clients.py) it asked the old leader for 5 min and the service's
+    ledger scan failed all that time (scenario d, when the election fell into a recovery)."""
+    topic = f"cfr{uuid.uuid4().hex[:6]}"
+    a = admin(healthy)
+    try:
+        a.create_topics([NewTopic(topic, PARTITIONS, 3)])
+    finally:
+        a.close()
+    healthy.wait_in_sync([topic], 60)
+    reader = PartitionReader(KafkaSettings(bootstrap_servers=healthy.bootstrap_servers, request_timeout_ms=5000))
+    try:
+        assert reader.bounds(topic, 0) == (0, 0)
+        old = healthy.leader_of(topic, 0)
+        lead_all(healthy, old % 3 + 1, [topic])
+        t0 = time.monotonic()
+        wait_for(lambda: reader.ping(topic, 0, 5000) is None, 60, "the reader answered by the new leader",
+                 retry_on=(KafkaError,))
+        print(f"\nreader: answered {time.monotonic() - t0:.1f} s after the election moved {topic}[0] from node {old}")
+    finally:
+        reader.close()
