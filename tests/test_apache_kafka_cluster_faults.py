@@ -26,16 +26,18 @@ committed, which needs records after it: CASTLE holds up to delta).  Printed per
 figures (``FIGURES {...}`` lines; docs/deploy.md, "Cluster faults").
 
 The topics are the service's own: it creates them (replication factor 3 and ``min.insync.replicas`` 2 by default on
-a cluster of three, ``topics.replication_factor`` unset), checked here.  The replay's producer is idempotent with
-``acks=all``; the replay holds a little past each fault's trigger point until the fault is injected, so every fault
-falls in the middle of the stream however fast or slow the machine is.  One cluster serves the module (starting
-three JVMs costs ~20-40 s): each scenario has its own topics and groups, and every node runs and is thawed before
-and after each.
+a cluster of three, ``topics.replication_factor`` unset), checked here.  The replay's producer (librdkafka) is
+idempotent with ``acks=all``; the replay holds a little past each fault's trigger point until the fault is injected,
+so every fault falls in the middle of the stream however fast or slow the machine is; when the input's producer
+acknowledged again after each fault is recorded beside the progress.  One cluster serves the module (starting three
+JVMs costs ~10-40 s): each scenario has its own topics and groups, and every node runs and is thawed before and
+after each.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -48,7 +50,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from apache_kafka_support import KafkaCluster, ServiceProcess, start_cluster
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import KafkaError
 from kafka_service_support import adult_rows, audit, topic_flags
@@ -58,10 +60,10 @@ from stream_anon.config.settings import Config
 from stream_anon.core.datasets import read_adult
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
-from stream_anon.replay.kafka_replay import replay_records
-from stream_anon.service.audit import collect_outputs, read_topic_with_headers, send_flush_markers
+from stream_anon.service.audit import collect_outputs, read_topic_with_headers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -154,22 +156,34 @@ def topic_settings(c: KafkaCluster, topics: Sequence[str]) -> dict[str, tuple[in
 
 # ------------------------------------------------------------------------------------------------ one scenario
 def committed(bs: str, group: str, topic: str) -> dict[int, int]:
-    c = KafkaConsumer(bootstrap_servers=bs, group_id=group, enable_auto_commit=False, request_timeout_ms=5000)
+    """The group's committed offsets (0 where none) from a fresh librdkafka client that joins no group, every
+    request bounded by 5 s.  (A fresh kafka-python consumer timed out for 30-60 s in a row while a frozen node's
+    group coordination moved, long after the service had committed: it measured itself, not the service.)"""
+    import confluent_kafka
+    c = confluent_kafka.Consumer({"bootstrap.servers": bs, "group.id": group, "enable.auto.commit": False,
+                                  "socket.timeout.ms": 5000, "logger": logging.getLogger("committed-reader")})
     try:
-        return {p: int(c.committed(TopicPartition(topic, p), timeout_ms=5000) or 0) for p in range(PARTITIONS)}
+        got = c.committed([confluent_kafka.TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
+        if any(tp.error is not None for tp in got):
+            raise RuntimeError([tp.error for tp in got if tp.error is not None])
+        return {tp.partition: max(0, int(tp.offset)) for tp in got}
     finally:
         c.close()
 
 
 class Replay(threading.Thread):
-    """All of ADULT into the input in acknowledged chunks (idempotent producer, ``acks=all``); before the records
-    past gate ``i`` it waits until fault ``i`` is injected (``release(i)``), then the end-of-stream markers."""
+    """All of ADULT into the input in acknowledged chunks, as a user's producer on a replicated cluster sends it
+    (librdkafka: idempotent, ``acks=all``, every request bounded by a 5 s timeout; key = the record id, JSON value),
+    then the end-of-stream markers.  Before the records past gate ``i`` it waits until fault ``i`` is injected
+    (``release(i)``).  ``acked_at``: when each chunk was acknowledged (so a figure can tell the input's own
+    resumption from the service's)."""
 
     def __init__(self, bs: str, topic: str, rows: list[dict[str, Any]], gates: Sequence[int]) -> None:
         super().__init__(name="replay", daemon=True)
         self.bs, self.topic, self.rows, self.gates = bs, topic, rows, list(gates)
         self.released = [threading.Event() for _ in gates]
         self.counts: dict[int, int] = {}
+        self.acked_at: list[float] = []  # monotonic time of each chunk's acknowledgement
         self.failure: BaseException | None = None
         self.done = threading.Event()
 
@@ -181,27 +195,58 @@ class Replay(threading.Thread):
         counts = dict(self.counts)
         return {p: counts.get(p, 0) for p in range(PARTITIONS)}
 
+    def resumed_after(self, t0: float) -> float | None:
+        """Seconds from ``t0`` until the first chunk acknowledged after it (None: none yet)."""
+        return next((round(t - t0, 1) for t in self.acked_at if t > t0), None)
+
+    def _send(self, producer: Any, items: Sequence[tuple[bytes | None, bytes, list[tuple[str, bytes]], int | None]],
+              ) -> dict[int, int]:
+        """Produce ``items`` (key, value, headers, partition) and wait for every delivery; partition -> count."""
+        delivered: dict[int, int] = {}
+        failed: list[Any] = []
+
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                failed.append(err)
+            else:
+                delivered[msg.partition()] = delivered.get(msg.partition(), 0) + 1
+
+        for key, value, headers, partition in items:
+            kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+            while True:
+                try:
+                    producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=report, **kwargs)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        remaining = producer.flush(300)
+        assert remaining == 0 and not failed, (remaining, failed[:3])
+        return delivered
+
     def run(self) -> None:
-        producer = KafkaProducer(bootstrap_servers=self.bs, acks="all", enable_idempotence=True, linger_ms=5,
-                                 request_timeout_ms=10000, delivery_timeout_ms=300000, metadata_max_age_ms=5000)
+        import confluent_kafka
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": self.bs, "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+            "request.timeout.ms": 5000, "socket.timeout.ms": 5000, "message.timeout.ms": 300000,
+            "partitioner": "murmur2_random"})
         try:
             for i in range(0, len(self.rows), CHUNK):
                 for g, ev in zip(self.gates, self.released, strict=True):
                     if i >= g and not ev.wait(900):
                         raise TimeoutError(f"fault gate at record {g} never released")
                 chunk = self.rows[i:i + CHUNK]
-                stats = replay_records(chunk, self.topic, self.bs, partitions=PARTITIONS, create_topic=False,
-                                       producer=producer, flush_timeout_s=300)
-                assert stats.errors == 0 and stats.records_acked == len(chunk), stats.summary()
+                got = self._send(producer, [(str(r["id"]).encode(), json.dumps(r).encode(), [], None)
+                                            for r in chunk])
+                assert sum(got.values()) == len(chunk), got
                 counts = dict(self.counts)
-                for p, n in stats.partition_counts.items():
+                for p, n in got.items():
                     counts[p] = counts.get(p, 0) + n
                 self.counts = counts  # replaced whole: readers see one consistent snapshot
-            send_flush_markers(producer, self.topic, list(range(PARTITIONS)))
+                self.acked_at.append(time.monotonic())
+            self._send(producer, [(None, b"", [(CONTROL_HEADER, CONTROL_FLUSH)], p) for p in range(PARTITIONS)])
         except BaseException as e:  # reported by the test
             self.failure = e
         finally:
-            producer.close(timeout=30)
             self.done.set()
 
     def ends(self) -> dict[int, int]:
@@ -220,6 +265,7 @@ class Scenario:
     prefix: str = ""
     services: list[ServiceProcess] = field(default_factory=list)
     progress_s: list[float] = field(default_factory=list)
+    input_resumed_s: list[float | None] = field(default_factory=list)  # the input producer's first ack after a fault
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -286,17 +332,30 @@ class Scenario:
     def progressed(self, point: dict[int, int], t0: float, what: str) -> float:
         """Seconds from ``t0`` (the fault) until every input partition's committed offset is past ``point`` (its
         end at the fault); recorded."""
+        trace: list[str] = []  # what the committed offsets did meanwhile: changes and unreadable spans
+        last: list[Any] = [None]
+
         def moved() -> bool:
+            t = f"{time.monotonic() - t0:.1f}"
             try:
                 now = self.committed()
-            except Exception:
+            except Exception as e:
+                if last[0] != type(e).__name__:
+                    trace.append(f"{t}s {type(e).__name__}")
+                last[0] = type(e).__name__
                 return False
+            if last[0] != now:
+                trace.append(f"{t}s {sum(now.values())}")
+            last[0] = now
             return all(now[p] > point[p] for p in range(PARTITIONS))
 
         until(f"committed progress on every partition past {point} after {what}", moved, self.service, 300)
         took = round(time.monotonic() - t0, 1)
         self.progress_s.append(took)
-        print(f"\n{self.name}: {what}: committed progress after {took:.1f} s")
+        self.input_resumed_s.append(self.replay.resumed_after(t0))
+        print(f"\n{self.name}: {what}: committed progress after {took:.1f} s (the input's producer had its first "
+              f"acknowledgement after {self.input_resumed_s[-1]} s; committed total {sum(point.values())} at the "
+              f"fault, then: {', '.join(trace)})")
         return took
 
     def finish(self) -> dict[str, Any]:
@@ -360,6 +419,7 @@ class Scenario:
                    "t_violations": counts.get("class not t-close", 0), "classes": snap.classes,
                    "released": len(released), "suppressed": int((records.outcome == "suppressed").sum()),
                    "min_class": public.min_class_size, "progress_s": self.progress_s,
+                   "input_resumed_s": self.input_resumed_s,
                    "side_copies": {r: n for r, (n, _) in side.items()}, "services": len(self.services),
                    "wall_s": round(time.monotonic() - self.started, 1), "notes": self.notes}
         FIGURES.append(figures)
