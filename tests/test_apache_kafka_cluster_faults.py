@@ -354,8 +354,8 @@ class Scenario:
         self.progress_s.append(took)
         self.input_resumed_s.append(self.replay.resumed_after(t0))
         print(f"\n{self.name}: {what}: committed progress after {took:.1f} s (the input's producer had its first "
-              f"acknowledgement after {self.input_resumed_s[-1]} s; committed total {sum(point.values())} at the "
-              f"fault, then: {', '.join(trace)})")
+              f"acknowledgement after {self.input_resumed_s[-1]} s; input end {sum(point.values())} at the fault; "
+              f"committed total then: {', '.join(trace)})")
         return took
 
     def finish(self) -> dict[str, Any]:
