@@ -177,8 +177,13 @@ def free_port() -> int:
 
 
 def random_cluster_id() -> str:
-    """A Kafka ``Uuid`` in its base64url form, as ``kafka-storage.sh random-uuid`` prints (no JVM needed)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka ``Uuid`` in its base64url form, as ``kafka-storage.sh random-uuid`` prints (no JVM needed).  Like
+    Kafka's ``Uuid.randomUuid()``, never one starting with ``-``: the storage tool's argument parser would read it
+    as an option (1 start in 64 failed with "argument --cluster-id/-t: expected one argument")."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def _die_with_parent() -> None:  # preexec_fn: SIGTERM when the starting thread dies

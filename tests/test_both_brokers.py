@@ -11,6 +11,7 @@ from ``tests/apache_kafka_support.py``).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -107,3 +108,30 @@ def test_broker_kill_9_twice_under_the_running_service(restartable_broker: TestB
     print(f"\n{broker.name}: broker kill -9 x2 under the running service: {len(snap.records)} records accounted once; "
           f"(committed before, broker up s, committed progress again s) = {figures}; producers recreated "
           f"{text.count('producers created anew')} time(s)")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_demo_against_the_broker_given(any_broker: TestBroker, tmp_path: Path) -> None:
+    """``stream-anon demo --bootstrap-servers`` (issue 17 item 7): the demo's whole path (service, side paths,
+    replay, wait, verification, summary) against a broker it did not start, Tansu or Apache Kafka."""
+    bs = any_broker.bootstrap_servers
+    prefix = f"dm{any_broker.name[:1]}{uuid.uuid4().hex[:6]}"
+    run_dir = tmp_path / "run"
+    n = 2000
+    out = subprocess.run([sys.executable, "-m", "stream_anon", "demo", "--bootstrap-servers", bs, "--synthetic",
+                          "--records", str(n), "--input-topic", f"{prefix}.raw", "--group-id", f"{prefix}-main",
+                          "--run-dir", str(run_dir), "--metrics-port", "0", "--set", "service.side_metrics_port=0",
+                          "--seed", "5"], capture_output=True, text=True, timeout=280, env=child_env())
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "stream-anon demo summary" in out.stdout and "VERIFIED" in out.stdout, out.stdout[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["synthetic"] is True and s["records_in"] == n
+    assert s["records_released"] + s["records_suppressed"] + s["records_dead_lettered"] == n
+    assert s["records_unaccounted"] == 0 and s["records_duplicated"] == 0
+    assert s["accounting"]["ok"] and all(s["accounting"]["published_exactly_once"].values())
+    assert s["k_anonymity"]["verified"] and s["k_anonymity"]["min_class_size"] >= 10
+    side = s["side_paths"]
+    assert side and side["error"] is None and side["published"][f"{prefix}.krr"] == n
+    print(f"\n{any_broker.name}: demo --bootstrap-servers: {n} synthetic records, {s['records_released']} released, "
+          f"audit and k verified")

@@ -24,6 +24,11 @@ with its keys and headers, and:
   tick as its Kafka timestamp, a tick's classes are in a uniformly random order, and no attack from the arrival
   times and QIs pins the expiring member more often than guessing among the candidates of its tick
   (:func:`stream_anon.service.linkage.release_timing_attack`).
+
+Runs on Tansu only (two runs on all of ADULT: too long to run twice in CI).  What it checks is the content, order
+and timestamps of what the service publishes, which the service decides whatever the broker (the producer sets
+every timestamp; both brokers keep CreateTime and assign offsets in send order).  The accounting of all of ADULT
+on Apache Kafka: tests/test_apache_kafka_cluster_faults.py and tests/test_both_brokers.py.
 """
 
 from __future__ import annotations

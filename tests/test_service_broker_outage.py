@@ -15,6 +15,11 @@ exactly once, every promised output is published exactly once, every class is k-
 originals, the service
 process never exited before it was told to (no crash loop), and its log names each outage with a retry line
 and the broker's return.
+
+Runs on Tansu only (a single Apache Kafka node frozen would be the same fault; it runs once per client library
+here).  On Apache Kafka: a node frozen past the session timeout while it coordinates the group and leads every
+main-path partition, scenario (c) of tests/test_apache_kafka_cluster_faults.py; broker ``kill -9`` and restart
+under the running service: tests/test_both_brokers.py (both brokers).
 """
 
 from __future__ import annotations

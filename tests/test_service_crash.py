@@ -10,6 +10,11 @@ triggered the release minus the record's own offset.  Allowed: ``delta`` plus th
 between that a recovery skipped as already released (they are arrivals of the partition but not of the
 rebuilt engine): after kill ``i`` those are the offsets >= the committed watermark that were already in
 the ledger.  The engine's own delay (arrivals it saw) must stay <= delta without allowance.
+
+Runs on Tansu only (all of ADULT and five service starts per consumer client: too long to run twice in CI).  On
+Apache Kafka the service's ``kill -9`` and restart mid-replay of all of ADULT is scenario (d) of
+tests/test_apache_kafka_cluster_faults.py (twice, during leader elections, on three nodes), with the same checks
+(audit, every offset once, k and l by the independent verifier); the delay bound is checked here only.
 """
 
 from __future__ import annotations

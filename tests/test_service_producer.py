@@ -15,6 +15,7 @@ from producer_support import MemoryTransport, Refused
 
 from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
+from stream_anon.kafka_io.clients import KAFKA_PYTHON_METADATA_MAX_AGE_MS, client_options
 from stream_anon.kafka_io.errors import BrokerUnavailableError, ProducerFatalError, ProducerStuckError
 from stream_anon.kafka_io.producer import (
     ConfluentTransport,
@@ -211,6 +212,15 @@ def test_librdkafka_options_carry_the_security_settings() -> None:
     assert conf["ssl.endpoint.identification.algorithm"] == "none" and conf["compression.type"] == "zstd"
     no_idem = librdkafka_config(cfg.with_options({"kafka.enable_idempotence": False}).kafka)
     assert no_idem["max.in.flight.requests.per.connection"] == 1  # order kept across retries
+
+
+def test_every_client_request_gives_up_after_the_request_timeout_and_metadata_stays_fresh() -> None:
+    """A hung broker holds no librdkafka request longer than ``kafka.request_timeout_ms`` (its own default is 60 s),
+    and kafka-python clients refresh their metadata every few seconds (kafka-python 3.0 does not after a leader
+    change): see tests/test_apache_kafka_cluster_faults.py for what each did on a cluster."""
+    cfg = Config.load(env={}, overrides={"kafka.request_timeout_ms": 7000})
+    assert librdkafka_config(cfg.kafka)["socket.timeout.ms"] == 7000
+    assert client_options(cfg.kafka)["metadata_max_age_ms"] == KAFKA_PYTHON_METADATA_MAX_AGE_MS <= 10000
 
 
 # ---------------------------------------------------------------------------------------------- real broker

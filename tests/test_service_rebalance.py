@@ -19,6 +19,7 @@ from waiting import wait_for
 from stream_anon.core.datasets import iter_adult_records
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
+from stream_anon.kafka_io.settings import CONSUMER_CLIENTS
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.replay.kafka_replay import ensure_topic
 from stream_anon.service.app import MainPath
@@ -27,10 +28,17 @@ from stream_anon.service.audit import collect_outputs, send_flush_markers
 K = 5
 
 
+SETUPS = [("tansu", client) for client in CONSUMER_CLIENTS] + [("apache-kafka", CONSUMER_CLIENTS[0])]
+"""(broker, kafka.consumer_client): both clients on Tansu, the default one on one Apache Kafka node (issue 17 item 2)."""
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_second_member_takes_over_a_partition_without_loss_or_duplicates(broker, adult_path: Path,
-                                                                         consumer_client: str) -> None:
+@pytest.mark.parametrize("setup", SETUPS, ids=[f"{b}-{c}" for b, c in SETUPS])
+def test_second_member_takes_over_a_partition_without_loss_or_duplicates(setup: tuple[str, str], adult_path: Path,
+                                                                         request: pytest.FixtureRequest) -> None:
+    kind, consumer_client = setup
+    broker = request.getfixturevalue("broker" if kind == "tansu" else "apache_kafka")
     bs = broker.bootstrap_servers
     prefix = f"reb{uuid.uuid4().hex[:6]}"
     overrides = {

@@ -17,13 +17,16 @@ BOOTSTRAP="${BOOTSTRAP_SERVERS:-kafka:9092}"
 INPUT_TOPIC="${INPUT_TOPIC:-adult.raw}"
 PARTITIONS="${INPUT_PARTITIONS:-4}"
 REPLICATION="${REPLICATION_FACTOR:-1}"
+# as the service creates its topics: with 3 or more replicas an acknowledged write (acks=all) is on 2 brokers
+MIN_ISR=()
+if [ "$REPLICATION" -ge 3 ]; then MIN_ISR=(--config "min.insync.replicas=${MIN_INSYNC_REPLICAS:-2}"); fi
 PREFIX="${INPUT_TOPIC%.raw}"
 KT=/opt/kafka/bin/kafka-topics.sh
 
 create() {  # name partitions [extra kafka-topics args]
   local name="$1" parts="$2"; shift 2
   "$KT" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "$name" \
-        --partitions "$parts" --replication-factor "$REPLICATION" "$@"
+        --partitions "$parts" --replication-factor "$REPLICATION" ${MIN_ISR[@]+"${MIN_ISR[@]}"} "$@"
   # --if-not-exists keeps an existing topic: fail loudly when its partition count differs.
   local have
   have=$("$KT" --bootstrap-server "$BOOTSTRAP" --describe --topic "$name" | grep -c "Partition: ")

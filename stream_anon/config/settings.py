@@ -103,7 +103,8 @@ class TopicSettings:
     ledger: str | None = None  # the internal ledger (compacted); None = "<input>.ledger"
     create: bool = True  # create missing topics at start
     partitions: int = 1  # partitions of topics the service creates (outputs get as many as the input has)
-    replication_factor: int = 1
+    replication_factor: int | None = None  # None: the cluster's broker count, at most 3
+    min_insync_replicas: int | None = None  # None: 2 on topics with 3+ replicas (else the broker's default)
 
     def __post_init__(self) -> None:
         derived = []
@@ -142,7 +143,8 @@ class TopicSettings:
         """How missing topics are created: ``create``, ``partitions`` (at least as many as the input has),
         ``replication_factor``; the ledger compacted."""
         return TopicLayout(create=self.create, partitions=self.partitions, replication_factor=self.replication_factor,
-                           match_partitions_of=self.input, compacted=frozenset({self.ledger_topic()}))
+                           match_partitions_of=self.input, compacted=frozenset({self.ledger_topic()}),
+                           min_insync_replicas=self.min_insync_replicas)
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,11 @@ class Config:
              <= MAX_TICK_SECONDS, f"0 (publish each class at once) or a number of seconds in [0.001, "
              f"{MAX_TICK_SECONDS:.0f}]", self.release.tick_seconds),
             ("topics.partitions", t.partitions >= 1, "an integer >= 1", t.partitions),
+            ("topics.replication_factor", t.replication_factor is None or t.replication_factor >= 1,
+             "null (the cluster's broker count, at most 3) or an integer >= 1", t.replication_factor),
+            ("topics.min_insync_replicas", t.min_insync_replicas is None or 1 <= t.min_insync_replicas <= (
+                t.replication_factor or t.min_insync_replicas), "null (2 with 3+ replicas) or an integer from 1 to "
+             "topics.replication_factor", t.min_insync_replicas),
             ("kafka.max_poll_records", k.max_poll_records >= 1, "an integer >= 1", k.max_poll_records),
             ("kafka.producer_client", k.producer_client in PRODUCER_CLIENTS, " or ".join(PRODUCER_CLIENTS),
              k.producer_client),

@@ -289,11 +289,15 @@ class ConfluentTransport:
 
 
 def librdkafka_config(k: KafkaSettings) -> dict[str, Any]:
-    """The librdkafka properties of the ``kafka`` options (security options translated)."""
+    """The librdkafka properties of the ``kafka`` options (security options translated; ``acks=all``, idempotence,
+    ``kafka.request_timeout_ms`` for every request as the group consumer has it)."""
     conf: dict[str, Any] = {
         **librdkafka_client_config(k), "acks": "all",
         "enable.idempotence": k.enable_idempotence, "linger.ms": k.linger_ms, "batch.size": k.batch_size,
         "message.max.bytes": k.max_request_size, "request.timeout.ms": k.request_timeout_ms,
+        # every other request (metadata too) also gives up after the request timeout, not librdkafka's 60 s: a hung
+        # (not dead) leader held the producer 61 s on a three-node Apache Kafka cluster, 11 s with this (docs/deploy.md)
+        "socket.timeout.ms": max(10, k.request_timeout_ms),
         "queue.buffering.max.messages": 1_000_000,
         "allow.auto.create.topics": False,  # a topic that is gone stays gone until the broker guard sees it
     }

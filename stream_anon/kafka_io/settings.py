@@ -49,6 +49,12 @@ def parse_bootstrap_servers(text: str) -> list[tuple[str, int]]:
     return out
 
 
+DEFAULT_REPLICATION = 3
+"""Replicas of a topic the service creates when ``topics.replication_factor`` is unset (fewer on a smaller cluster)."""
+DEFAULT_MIN_INSYNC_REPLICAS = 2
+"""``min.insync.replicas`` of a created topic with 3 or more replicas when ``topics.min_insync_replicas`` is unset: an
+acknowledged write (``acks=all``) is on 2 brokers, so one broker's loss loses nothing and one broker down stops
+no write (docs/deploy.md, "On a replicated cluster")."""
 FALLBACK_MESSAGE_MAX_BYTES = 1_048_588
 """Apache Kafka's default ``message.max.bytes``: the output bound when the broker does not report its own
 (:mod:`stream_anon.kafka_io.limits`)."""
@@ -117,7 +123,11 @@ class TopicLayout:
     Attributes:
         create: create missing topics (else a warning names them).
         partitions: partitions of a created topic, at least.
-        replication_factor: of a created topic.
+        replication_factor: of a created topic; None: the cluster's broker count, at most
+            :data:`DEFAULT_REPLICATION` (1 on a single broker, 3 on a cluster of three or more).
+        min_insync_replicas: ``min.insync.replicas`` of a created replicated topic (with the producers' ``acks=all``:
+            how many replicas hold an acknowledged write); None: 2 when it has 3 or more replicas, else the broker's
+            default.  Never above the replication factor; not set on an unreplicated topic.
         match_partitions_of: a created topic gets at least as many partitions as this topic has when it exists
             and is among the topics asked for (the input: output partition = ledger partition = input partition).
         compacted: topics created with :data:`COMPACTED_TOPIC_CONFIG`.
@@ -125,9 +135,26 @@ class TopicLayout:
 
     create: bool = True
     partitions: int = 1
-    replication_factor: int = 1
+    replication_factor: int | None = None
     match_partitions_of: str | None = None
     compacted: frozenset[str] = field(default_factory=frozenset)
+    min_insync_replicas: int | None = None
 
-    def topic_config(self, name: str) -> dict[str, Any]:
-        return dict(COMPACTED_TOPIC_CONFIG) if name in self.compacted else {}
+    def replication(self, brokers: int) -> int:
+        """The replication factor of a topic created on a cluster of ``brokers`` brokers."""
+        if self.replication_factor is not None:
+            return self.replication_factor
+        return max(1, min(brokers, DEFAULT_REPLICATION))
+
+    def replication_config(self, replication: int) -> dict[str, str]:
+        """The topic configuration that goes with ``replication`` replicas: ``min.insync.replicas`` (see above)."""
+        if replication <= 1:
+            return {}
+        wanted = self.min_insync_replicas if self.min_insync_replicas is not None else \
+            (DEFAULT_MIN_INSYNC_REPLICAS if replication >= DEFAULT_REPLICATION else None)
+        return {} if wanted is None else {"min.insync.replicas": str(min(wanted, replication))}
+
+    def topic_config(self, name: str, replication: int = 1) -> dict[str, Any]:
+        """The configuration of created topic ``name`` with ``replication`` replicas: compacted (the ledger) and
+        ``min.insync.replicas`` (:meth:`replication_config`)."""
+        return {**(COMPACTED_TOPIC_CONFIG if name in self.compacted else {}), **self.replication_config(replication)}

@@ -36,7 +36,9 @@ from stream_anon.core.validation import require_int
 from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.kafka_io.address import BootstrapAddressError, wait_for_broker
 from stream_anon.kafka_io.address import BrokerUnreachableError as AddressUnreachableError
+from stream_anon.kafka_io.clients import cluster_brokers
 from stream_anon.kafka_io.reader import caught_up
+from stream_anon.kafka_io.settings import TopicLayout
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.replay.progress import ProgressBar, RateLimiter
 
@@ -184,10 +186,13 @@ def topic_exists(bootstrap_servers: str, topic: str, *, client_config: Mapping[s
         admin.close()
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, replication_factor: int = 1,
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, replication_factor: int | None = None,
                  client_config: Mapping[str, Any] | None = None, timeout_s: float = 15.0,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
     """Create ``topic`` with ``partitions`` partitions if missing; return its partition count.
+
+    ``replication_factor`` None: as the service creates its topics (:class:`~stream_anon.kafka_io.settings.TopicLayout`:
+    the cluster's broker count up to 3, ``min.insync.replicas`` 2 with 3 replicas).
 
     :class:`BrokerUnreachableError` if no broker answers within ``connect_timeout_s``, or if it goes away
     before the topic is known (one line for the operator, not a client library's traceback).
@@ -197,7 +202,10 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int = 1, *, rep
     try:
         if topic not in set(admin.list_topics()):
             try:
-                admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)])
+                layout = TopicLayout(replication_factor=replication_factor)
+                replication = layout.replication(cluster_brokers(admin))
+                admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication,
+                                              topic_configs=layout.replication_config(replication))])
             except TopicAlreadyExistsError:
                 pass
         deadline = time.monotonic() + timeout_s

@@ -30,7 +30,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 
 from stream_anon.config.settings import Config
-from stream_anon.kafka_io.clients import client_options
+from stream_anon.kafka_io.clients import client_options, cluster_brokers
 from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,10 @@ class BrokerGuard:
             return True
         if state is None and self.cfg.topics.create and self._admin is not None:
             try:
-                self._admin.create_topics([NewTopic(topic, old.partitions, self.cfg.topics.replication_factor)])
+                layout = self.cfg.topics.layout()  # as created at start: replication, min ISR, the ledger compacted
+                replication = layout.replication(cluster_brokers(self._admin))
+                self._admin.create_topics([NewTopic(topic, old.partitions, replication,
+                                                    topic_configs=layout.topic_config(topic, replication))])
             except (KafkaError, OSError) as e:  # e.g. still being deleted (Apache Kafka deletes asynchronously)
                 log.warning("broker guard: %s; this service had written nothing to it: creating it again failed (%r), "
                             "trying again at the next check", change, e)

@@ -31,9 +31,10 @@ from kafka.structs import OffsetAndMetadata
 
 from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
-from stream_anon.kafka_io.clients import client_options, fetch_limits
+from stream_anon.kafka_io.clients import client_options, cluster_brokers, fetch_limits
 from stream_anon.kafka_io.producer import OutputProducer
 from stream_anon.kafka_io.reader import position_before
+from stream_anon.kafka_io.settings import COMPACTED_TOPIC_CONFIG
 from stream_anon.side.budgets import BudgetAnchor, anchor_group
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,10 @@ def ensure_state_topic(admin: KafkaAdminClient, cfg: Config, topic: str, what: s
         log.warning("side paths: %s topic %s does not exist and topics.create is false", what, topic)
         return
     try:
-        admin.create_topics([NewTopic(topic, 1, cfg.topics.replication_factor,
-                                      topic_configs={"cleanup.policy": "compact"})])
+        layout = cfg.topics.layout()  # replicated as the service's other topics (the cluster's brokers, up to 3)
+        replication = layout.replication(cluster_brokers(admin))
+        admin.create_topics([NewTopic(topic, 1, replication, topic_configs={
+            **COMPACTED_TOPIC_CONFIG, **layout.replication_config(replication)})])
         log.info("created the side paths' %s topic %s (1 partition, cleanup.policy=compact)", what, topic)
     except TopicAlreadyExistsError:
         pass
