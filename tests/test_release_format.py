@@ -26,6 +26,7 @@ from stream_anon.formats.release import (
     ReleaseOptions,
     canonical_id_bytes,
     canonical_json,
+    cut_text,
     dead_letter_message,
     decode_class_message,
     decode_dead_letter,
@@ -189,7 +190,7 @@ def test_dead_letter_encodes_any_text_and_bytes_as_strict_utf8_json(field: str, 
     body = json.loads(m.value)
     # no lone surrogate survives into the message (strict JSON parsers reject them)
     assert all(not (0xD800 <= ord(c) <= 0xDFFF) for c in json.dumps(body, ensure_ascii=False))
-    assert body["field"] == safe_text(field)
+    assert body["field"] == cut_text(safe_text(field), 200)  # a field name is cut at 200 characters
 
 
 def test_lone_surrogate_field_name_and_non_utf8_bytes() -> None:
