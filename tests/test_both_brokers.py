@@ -68,6 +68,14 @@ def test_run_replay_and_audit(any_broker: TestBroker, adult_path: Path, tmp_path
           f"audit OK; {snap.classes} classes, k = {K}, l = {L} verified")
 
 
+def broker_settled(text: str) -> bool:
+    """The service's log says the broker answers again after its last silence, and producers it had to close were
+    created anew."""
+    silent, back = text.rfind("not answering for"), text.rfind("answering again")
+    closing, created = text.rfind("must be closed and created anew"), text.rfind("producers created anew")
+    return (silent < 0 or back > silent) and (closing < 0 or created > closing)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(480)
@@ -100,6 +108,8 @@ def test_broker_kill_9_twice_under_the_running_service(restartable_broker: TestB
                      or b >= sum(ends.values()), service, 240)
             figures.append((before, round(up, 2), round(time.monotonic() - t0, 1)))
         wait_for("every partition drained", lambda: drained(bs, group, topic, ends), service, 300)
+        # a restart after everything was committed: the service must see the broker again before a clean stop
+        wait_for("the service answered by the broker again", lambda: broker_settled(service.text()), service, 240)
         assert service.stop() == 0, service.text()[-5000:]
         text = service.text()
     res = audit(bs, prefix)

@@ -136,7 +136,9 @@ def test_a_stop_during_a_stall_leaves_the_side_topics_consistent(own_broker: Bro
                    after_restart=after, recovery=recovered)
     assert after["duplicated"] == {t: 0 for t in SIDE}, after  # no copy twice
     assert after["missing_on_a_topic"] == {t: 0 for t in SIDE}, after  # every record on all three or none
-    assert after["records"] > left["records"]  # the restart went on with the records after the stop
+    # the restart went on with the records after the stop (none when the side paths had taken the whole input before
+    # it: the windows open at the stop are gone on every topic alike)
+    assert after["records"] >= left["records"]
 
 
 @pytest.mark.integration
@@ -165,4 +167,4 @@ def test_a_kill_9_while_copies_flow_leaves_the_side_topics_consistent_after_a_re
                    left_by_the_kill=left, after_restart=after, recovery=recovered)
     assert after["duplicated"] == {t: 0 for t in SIDE}, after
     assert after["missing_on_a_topic"] == {t: 0 for t in SIDE}, after
-    assert after["records"] > left["records"]
+    assert after["records"] >= left["records"]  # (equal when the side paths had taken the whole input before the kill)
