@@ -18,10 +18,14 @@ Per broker:
    (producer create time, same machine, from the ledger), and ingest-to-publish latency = the class message's
    Kafka timestamp (the end of its release tick, ``release.tick_seconds``; with 0: produced once its ledger entry
    is acknowledged) - the input message's timestamp;
-   p50/p99/max over every released record.
+   p50/p99/max over the released records sent after the main path recovered its partitions (the steady state; a
+   partition recovers when its first record comes, and what is consumed meanwhile waits for the ledger scan:
+   reported apart, over all records).  Two runs: release ticks of 0 (the path's own
+   latency) and of the configured length (5 s by default: a class waits for the end of its tick, the defence
+   against the release-timing attack); only one with ``--set release.tick_seconds=...``.
 
 The last lines are one table with a row per broker: both passthroughs, the main path, the ratios, ingest-to-publish
-p50/p99 at half the maximum rate (``--json`` writes everything).
+p50/p99 at half the maximum rate for both tick lengths (``--json`` writes everything).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
-from stream_anon.core.datasets import iter_adult_records, resolve_adult_path
+from stream_anon.core.datasets import DatasetError, iter_adult_records, resolve_adult_path
 from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.schema import adult_schema
 from stream_anon.kafka_io.broker import EmbeddedBroker
@@ -217,46 +221,54 @@ def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | N
 
 def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = None,
                   timeout_s: float = 600.0) -> dict[str, Any]:
-    """Run ``MainPath`` in a thread until ``n`` records are accounted for and committed."""
+    """Run ``MainPath`` in a thread until ``n`` records are accounted for and committed (stopped on any way out).
+    ``recovered_at``: the wall-clock time (s) when every partition of the input was recovered and owned (a
+    partition recovers when its first record comes: the records consumed before wait for the ledger scan)."""
     main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
     th = threading.Thread(target=main.run, daemon=True)
     th.start()
-    if not main.ready.wait(60):
-        raise RuntimeError("main path did not start")
-    if during is not None:
-        if not main.assigned.wait(60):
-            raise RuntimeError("main path got no partitions")
-        during()
-    t = main.totals
-    deadline = time.monotonic() + timeout_s
-    t0: float | None = None
-    cpu0 = (0.0, 0.0)
-    while True:
-        if t0 is None and t.consumed > 0:
-            t0 = time.perf_counter()
-            cpu0 = cpu_split()  # (the worker's start-up is not counted, nor the first batch: as the time)
-        done = t.released + t.suppressed + t.dead_lettered
-        if done >= n and main.states and all(p.buffered == 0 and main.committed.get(i) == p.next_offset
-                                             for i, p in main.states.items()):
-            break
-        if time.monotonic() > deadline or not th.is_alive():
-            raise RuntimeError(f"main path did not finish: {t}")
-        time.sleep(0.002)
-    seconds = time.perf_counter() - (t0 or time.perf_counter())
-    cpu1 = cpu_split()
-    main.stop_event.set()
-    th.join(30)
+    try:
+        if not main.ready.wait(60):
+            raise RuntimeError("main path did not start")
+        if during is not None:
+            if not main.assigned.wait(60):
+                raise RuntimeError("main path got no partitions")
+            during()
+        t = main.totals
+        deadline = time.monotonic() + timeout_s
+        t0: float | None = None
+        recovered_at: float | None = None
+        cpu0 = (0.0, 0.0)
+        while True:
+            if t0 is None and t.consumed > 0:
+                t0 = time.perf_counter()
+                cpu0 = cpu_split()  # (the worker's start-up is not counted, nor the first batch: as the time)
+            if recovered_at is None and len(main.states) >= cfg.topics.partitions:
+                recovered_at = time.time()
+            done = t.released + t.suppressed + t.dead_lettered
+            if done >= n and main.states and all(p.buffered == 0 and main.committed.get(i) == p.next_offset
+                                                 for i, p in main.states.items()):
+                break
+            if time.monotonic() > deadline or not th.is_alive():
+                raise RuntimeError(f"main path did not finish: {t}")
+            time.sleep(0.002)
+        seconds = time.perf_counter() - (t0 or time.perf_counter())
+        cpu1 = cpu_split()
+    finally:
+        main.stop_event.set()
+        th.join(30)
     per = 1e6 / max(1, done)
     return {"records": done, "seconds": seconds, "records_per_second": done / seconds if seconds else 0.0,
             "cpu_us_per_record": (sum(cpu1) - sum(cpu0)) * per, "cpu_us_main_process": (cpu1[0] - cpu0[0]) * per,
             "cpu_us_workers": (cpu1[1] - cpu0[1]) * per,
-            "released": t.released, "suppressed": t.suppressed, "gt_loss": t.gt_loss, "classes": t.classes}
+            "released": t.released, "suppressed": t.suppressed, "gt_loss": t.gt_loss, "classes": t.classes,
+            "recovered_at": recovered_at}
 
 
 def engine_alone(args: argparse.Namespace, adult: str) -> dict[str, float]:
     """The engine of the main-path runs (same options) on ADULT without Kafka, decoding or ledger: records/s of
     wall and of CPU time, the ceiling of a main path with one partition (its pipeline runs in one process)."""
-    cfg = _config("unused:0", "engine", args)
+    cfg = _config("127.0.0.1:9", "engine", args)  # never connected to
     schema = load_schema(cfg)
     engine = make_engine_factory(cfg, schema)(0)
     records = [schema.validate(dict(r)) for r in iter_adult_records(adult)]
@@ -341,15 +353,30 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
     results.update(runs=runs, rates=rates, ratios=ratios, cpu_us_per_record=cpu, consumer_client=cfg.kafka.consumer_client,
                    producer_client=cfg.kafka.producer_client, workers=cfg.service.workers)
     if not args.skip_latency:
-        results["latency"] = latency_run(bs, name, args, adult, rate=0.5 * rates["main_path"])
+        ticks = latency_ticks(cfg, args)
+        results["latency"] = latency_run(bs, name, args, adult, rate=0.5 * rates["main_path"], tick_seconds=ticks[0])
+        if len(ticks) > 1:
+            results["latency_default_tick"] = latency_run(bs, name, args, adult, rate=0.5 * rates["main_path"],
+                                                          tick_seconds=ticks[1])
     return results
 
 
-def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rate: float) -> dict[str, Any]:
+def latency_ticks(cfg: Config, args: argparse.Namespace) -> list[float]:
+    """The ``release.tick_seconds`` of the latency runs: 0 (the path's own latency, as in the throughput runs) and
+    then the configured tick (5 s by default: class messages wait for the end of their tick, a defence against the
+    release-timing attack, docs/threat-model.md); only the one given with ``--set release.tick_seconds=...``."""
+    if any(o.startswith("release.tick_seconds") for o in args.set):
+        return [cfg.release.tick_seconds]
+    return [0.0] if cfg.release.tick_seconds == 0 else [0.0, cfg.release.tick_seconds]
+
+
+def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rate: float,
+                tick_seconds: float) -> dict[str, Any]:
     """Ingest-to-release and ingest-to-publish latency of the main path while a replay process sends ADULT at
-    ``rate``."""
+    ``rate``, class messages leaving at the end of ``tick_seconds`` ticks: over the records sent after the partitions'
+    recovery (the steady state) and over all (``*_all``)."""
     lat_prefix = f"bench{uuid.uuid4().hex[:6]}lat"
-    lcfg = _config(bs, lat_prefix, args)
+    lcfg = _config(bs, lat_prefix, args).with_options({"release.tick_seconds": tick_seconds})
     loops = max(1, int(np.ceil(rate * args.latency_seconds / 32561)))
     n_lat = 32561 * loops
 
@@ -375,39 +402,64 @@ def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rat
     # records released by the end-of-stream flush waited for the marker, not for delta: leave them out
     end_marker = snap.records.groupby("src_partition")["src_offset"].transform("max") + 1
     regular = body[body.release_offset < end_marker.loc[body.index]]
-    reg_lat = regular["latency_s"].dropna().to_numpy(dtype=float)
     ingest_ms = {(m.partition, m.offset): m.timestamp for m in read_topic_with_headers(bs, lt.input)}
-    published = (regular["published_ms"] - [ingest_ms[(p, o)] for p, o in zip(
-        regular.src_partition, regular.src_offset, strict=True)]).dropna().to_numpy(dtype=float) / 1000.0
-    latency = {"rate": rate, "records": n_lat, "p50": float(np.percentile(reg_lat, 50)),
-               "p99": float(np.percentile(reg_lat, 99)), "max": float(reg_lat.max()),
-               "p50_all": float(np.percentile(lat, 50)), "p99_all": float(np.percentile(lat, 99)),
-               "publish_p50": float(np.percentile(published, 50)),
-               "publish_p99": float(np.percentile(published, 99)), "publish_max": float(published.max()),
-               "expected_delay_s": args.delta / rate, "throughput": lr["records_per_second"]}
-    print(f"[{name}] latency at {rate:,.0f} records/s (50% of max, {n_lat:,} records, main path throughput "
-          f"{lr['records_per_second']:,.0f}/s): ingest-to-release p50 {latency['p50'] * 1000:.0f} ms, "
+    ingested = np.array([ingest_ms[(p, o)] for p, o in zip(regular.src_partition, regular.src_offset, strict=True)],
+                        dtype=float)
+    # the steady state: records sent after every partition was recovered (a partition recovers when its first
+    # record comes; what is consumed meanwhile waits for the ledger scan: reported apart, as "all")
+    steady = ingested >= (lr["recovered_at"] or 0.0) * 1000.0
+    reg_lat = regular["latency_s"].to_numpy(dtype=float)
+    published = (regular["published_ms"].to_numpy(dtype=float) - ingested) / 1000.0
+
+    def pct(xs: np.ndarray, q: float) -> float:
+        xs = xs[~np.isnan(xs)]
+        return float(np.percentile(xs, q)) if len(xs) else float("nan")
+
+    latency = {"rate": rate, "records": n_lat, "steady_records": int(steady.sum()),
+               "p50": pct(reg_lat[steady], 50), "p99": pct(reg_lat[steady], 99), "max": pct(reg_lat[steady], 100),
+               "publish_p50": pct(published[steady], 50), "publish_p99": pct(published[steady], 99),
+               "publish_max": pct(published[steady], 100),
+               "p50_all": pct(lat, 50), "p99_all": pct(lat, 99),
+               "publish_p50_all": pct(published, 50), "publish_p99_all": pct(published, 99),
+               "expected_delay_s": args.delta / rate, "throughput": lr["records_per_second"],
+               "tick_seconds": tick_seconds}
+    print(f"[{name}] latency with release ticks of {tick_seconds:g} s at {rate:,.0f} records/s (50% of max, "
+          f"{n_lat:,} records, main path throughput {lr['records_per_second']:,.0f}/s), the {latency['steady_records']:,} "
+          f"records sent after the partitions' recovery: ingest-to-release p50 {latency['p50'] * 1000:.0f} ms, "
           f"p99 {latency['p99'] * 1000:.0f} ms, max {latency['max'] * 1000:.0f} ms; ingest-to-publish "
           f"p50 {latency['publish_p50'] * 1000:.0f} ms, p99 {latency['publish_p99'] * 1000:.0f} ms, max "
           f"{latency['publish_max'] * 1000:.0f} ms (delta/rate = {latency['expected_delay_s'] * 1000:.0f} ms "
-          f"is the delay bound in time)")
+          f"is the delay bound in time); all records, those that waited for the start's recovery too: "
+          f"ingest-to-publish p50 {latency['publish_p50_all'] * 1000:.0f} ms, p99 "
+          f"{latency['publish_p99_all'] * 1000:.0f} ms")
     return latency
 
 
 def summary_table(all_results: list[dict[str, Any]]) -> str:
-    """One row per broker: both passthroughs, the main path, the ratios, ingest-to-publish p50/p99 (markdown)."""
+    """One row per broker: both passthroughs, the main path, the ratios, ingest-to-publish p50/p99 at half the
+    maximum rate with release ticks of 0 and of the configured length (markdown)."""
     lines = ["| broker | passthrough kafka-python | passthrough confluent-kafka | main path | main / kafka-python | "
-             "main / confluent-kafka | at 50 % rate | ingest-to-publish p50 | p99 |",
+             "main / confluent-kafka | at 50 % rate | ingest-to-publish p50 / p99, ticks 0 | same, configured ticks |",
              "|---|---|---|---|---|---|---|---|---|"]
     cpu_lines = ["", "CPU us per record (this process and its pipeline worker; the broker not counted):", "",
                  "| broker | passthrough kafka-python | passthrough confluent-kafka | main path |", "|---|---|---|---|"]
+
+    def cell(lat: dict[str, Any] | None) -> str:
+        if not lat:
+            return "-"
+        return (f"{lat['publish_p50'] * 1000:,.0f} / {lat['publish_p99'] * 1000:,.0f} ms "
+                f"(ticks {lat['tick_seconds']:g} s)")
+
+    def rate_cell(lat: dict[str, Any] | None) -> str:
+        return f"{lat['rate']:,.0f}/s" if lat else "-"
+
     for r in all_results:
         rates, ratios, lat = r["rates"], r["ratios"], r.get("latency")
-        lat_cells = (f"{lat['rate']:,.0f}/s | {lat['publish_p50'] * 1000:,.0f} ms | {lat['publish_p99'] * 1000:,.0f} ms"
-                     if lat else "- | - | -")
         lines.append(f"| {r['broker']} | {rates['passthrough_kafka-python']:,.0f} | "
                      f"{rates['passthrough_confluent-kafka']:,.0f} | {rates['main_path']:,.0f} | "
-                     f"{ratios['kafka-python']:.2f} | {ratios['confluent-kafka']:.2f} | {lat_cells} |")
+                     f"{ratios['kafka-python']:.2f} | {ratios['confluent-kafka']:.2f} | "
+                     f"{rate_cell(lat)} | {cell(lat)} | "
+                     f"{cell(r.get('latency_default_tick'))} |")
         cpu = r["cpu_us_per_record"]
         cpu_lines.append(f"| {r['broker']} | {cpu['passthrough_kafka-python']:.1f} | "
                          f"{cpu['passthrough_confluent-kafka']:.1f} | {cpu['main_path']:.1f} |")
@@ -450,7 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         problem = broker_problem("stream-anon bench service", bs, args.connect_timeout)  # malformed 2, unreachable 3
         if problem:
             return problem
-    adult = str(resolve_adult_path(args.adult))
+    try:
+        adult = str(resolve_adult_path(args.adult))
+    except DatasetError as e:
+        print(f"stream-anon bench service: {e}", file=sys.stderr)
+        return 2
     targets: list[tuple[str, str | None]] = [(f"kafka {bs}", bs) for bs in args.bootstrap_servers]
     if args.embedded or not targets:
         targets.insert(0, ("tansu (embedded)", None))
