@@ -141,7 +141,11 @@ OUTAGE = re.compile(r"WARNING stream_anon\.(service|kafka_io)\.\S+: broker \S+ "
                     r"|has not acknowledged \d+ (output|ledger) message\(s\) for \d+ s .*the producer retries)")
 ALREADY_RELEASED = re.compile(r"(\d+) offsets at or after it already accounted")
 BACK = re.compile(r"WARNING stream_anon\.(service|kafka_io)\.\S+: broker \S+ (answering again after"
-                  r"|acknowledged the held (output|ledger) messages after)")
+                  r"|acknowledged the held (output|ledger) messages after)"
+                  # or the broker's answer after the freeze was an acknowledgement without an offset (Tansu,
+                  # docs/tansu.md): the producers are created anew and the partitions recovered from the ledger
+                  r"|WARNING stream_anon\.service\.loop: producers created anew and partitions \S+.* recovered from "
+                  r"the ledger in")
 
 
 @pytest.mark.integration

@@ -303,7 +303,7 @@ def read_topic_if_exists(bs: str, topic: str) -> int:
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_a_broker_stalled_longer_than_the_producer_bound_recreates_the_producers(adult_path: Path,
                                                                                  tmp_path: Path) -> None:
     """The broker frozen (SIGSTOP) while the service drains a backlog, with ``service.producer_recovery_seconds``
@@ -319,10 +319,11 @@ def test_a_broker_stalled_longer_than_the_producer_bound_recreates_the_producers
         ends = preload(bs, topic, rows)
         cmd = service_cmd(bs, prefix, group, ("--set", "service.producer_recovery_seconds=2"))
         service = Service(cmd, tmp_path / "service.log")
-        # the freeze must find outputs waiting (not, e.g., a recovery retrying its reads): up to 4 freezes
+        # the freeze must find outputs waiting (not, e.g., a recovery retrying its reads, as after a rebalance that
+        # a loaded machine's slow first freeze caused): up to 7 freezes, from 10 % to 82 % of the stream
         seen, mark, stuck_after, thawed = False, 0, 0.0, 0.0
-        for attempt in range(4):
-            wait_for(lambda a=attempt: committed_total(bs, group, topic) >= (0.15 + 0.15 * a) * len(rows),
+        for attempt in range(7):
+            wait_for(lambda a=attempt: committed_total(bs, group, topic) >= (0.10 + 0.12 * a) * len(rows),
                      180, "progress", alive=service.assert_alive, context=service.text)
             mark = service.log.stat().st_size
             with broker.frozen_for():
