@@ -132,7 +132,10 @@ def test_the_highwater_never_goes_below_what_was_acknowledged_across_leader_kill
 
     writer = threading.Thread(target=produce, daemon=True)
     writer.start()
-    prober = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False, fetch_max_wait_ms=20)
+    # metadata at most 1 s old: after the leader's death the prober asks the new leader within a second (with kafka-python's
+    # default of 5 minutes it kept asking the dead one: 1 probe in 15 s on a loaded machine)
+    prober = KafkaConsumer(bootstrap_servers=bs, enable_auto_commit=False, fetch_max_wait_ms=20,
+                           metadata_max_age_ms=1000)
     results = []
     try:
         for _ in range(2):
