@@ -49,7 +49,15 @@ def test_demo_on_full_adult(adult_path: Path, tmp_path: Path, consumer_client: s
     assert side and side["error"] is None
     assert set(side["epsilon_per_record"]) == {"adult.krr", "adult.rs", "adult.blap"}
     assert all(e > 0 for e in side["epsilon_per_record"].values())
-    assert side["published"]["adult.krr"] == 32561
+    # every record perturbed has one copy per topic; the lifetime cap's count-min sketch may refuse a record never
+    # seen (a false refusal, counted): E = sum_n (1 - (1 - 1/w)^n)^d = 0.022 per pass of ADULT at the default 8 x 2^17
+    # (docs/side-paths.md "Sizing"); more than 2 has probability < 2e-6
+    skipped = side["skipped"]
+    assert set(skipped) <= {"person_budget"} and skipped.get("person_budget", 0) <= 2, skipped
+    assert side["processed"] + skipped.get("person_budget", 0) == 32561
+    assert all(side["published"][t] == side["processed"] for t in ("adult.krr", "adult.rs", "adult.blap"))
+    if skipped:
+        assert "records without side copies: person_budget" in out.stdout
     assert any(v.get("abs_error") is not None for v in side["estimates"].values())
     df = pd.read_csv(run_dir / "released.csv", dtype=str)
     schema = adult_schema()

@@ -140,7 +140,7 @@ class PersonBudgetConfig:
 
     cap_epsilon: float | None = DEFAULT_LIFETIME_CAP
     width: int = 1 << 17
-    depth: int = 8  # 8 x 2^17 x 8 bytes = 8 MiB; all of ADULT: ~0.1 false refusals (docs/side-paths.md)
+    depth: int = 8  # 8 x 2^17 x 8 bytes = 8 MiB; all of ADULT: 0.022 false refusals expected (docs/side-paths.md)
 
 
 @dataclass(frozen=True)

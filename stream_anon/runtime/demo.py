@@ -469,6 +469,40 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
+def _side_summary_lines(side: dict[str, Any]) -> list[str]:
+    """The demo summary's side-path lines (``side``: :meth:`SideStatus.summary`; none when the side paths were off)."""
+    if not side:
+        return []
+    lines: list[str] = []
+    eps = side.get("epsilon_per_record", {})
+    pubs = side.get("published", {})
+    lines.append("  side paths (local DP, independent consumer group):")
+    for topic, e in eps.items():
+        lines.append(f"    {topic:<18} eps per record {format_epsilon(e)}  messages {pubs.get(topic, 0):,}")
+    skipped = side.get("skipped") or {}
+    if skipped:
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(skipped.items()))
+        why = (" (person_budget: refused by the lifetime cap's count-min sketch, which may refuse a record never seen;"
+               " docs/side-paths.md \"Sizing\")" if "person_budget" in skipped else "")
+        lines.append(f"    records without side copies: {reasons}{why}")
+    if side.get("epsilon_all_side_topics"):
+        window = side.get("epsilon_kmeans_window") or 0.0
+        lines.append(f"    one record over all side outputs: eps {format_epsilon(side['epsilon_all_side_topics'])}"
+                     + (f" (k-means: {format_epsilon(window)}, the one window it is in)" if window else ""))
+    for name, est in sorted(side.get("estimates", {}).items()):
+        err = est.get("abs_error")
+        se = est.get("standard_error")
+        lines.append(f"    estimate {name:<28} abs error {_fmt(err, 4)}  std error {_fmt(se, 4)}")
+    if side.get("kmeans_windows"):
+        budget = side.get("kmeans_budget")
+        lines.append(f"    k-means windows released: {side['kmeans_windows']}" + (
+            f"; lifetime budget used {format_epsilon(budget['used'])} of {format_epsilon(budget['total'])}"
+            if budget else ""))
+    if side.get("error"):
+        lines.append(f"    side-path error: {side['error']}")
+    return lines
+
+
 def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
     p = s["parameters"]
     d, pd_, lat = s["delay_arrivals"], s["delay_positions"], s["latency_seconds"]
@@ -493,27 +527,6 @@ def _print_summary(s: dict[str, Any], out_dir: Path) -> None:
         f"  speed:       {s['records_in']:,} records replayed and released in {s['seconds_replay_to_all_released']:.1f} s"
         f" ({_fmt(s['records_per_second_end_to_end'], 0)} rec/s end to end); total {s['seconds_total']:.1f} s",
     ]
-    side = s.get("side_paths") or {}
-    if side:
-        eps = side.get("epsilon_per_record", {})
-        pubs = side.get("published", {})
-        lines.append("  side paths (local DP, independent consumer group):")
-        for topic, e in eps.items():
-            lines.append(f"    {topic:<18} eps per record {format_epsilon(e)}  messages {pubs.get(topic, 0):,}")
-        if side.get("epsilon_all_side_topics"):
-            window = side.get("epsilon_kmeans_window") or 0.0
-            lines.append(f"    one record over all side outputs: eps {format_epsilon(side['epsilon_all_side_topics'])}"
-                         + (f" (k-means: {format_epsilon(window)}, the one window it is in)" if window else ""))
-        for name, est in sorted(side.get("estimates", {}).items()):
-            err = est.get("abs_error")
-            se = est.get("standard_error")
-            lines.append(f"    estimate {name:<28} abs error {_fmt(err, 4)}  std error {_fmt(se, 4)}")
-        if side.get("kmeans_windows"):
-            budget = side.get("kmeans_budget")
-            lines.append(f"    k-means windows released: {side['kmeans_windows']}" + (
-                f"; lifetime budget used {format_epsilon(budget['used'])} of {format_epsilon(budget['total'])}"
-                if budget else ""))
-        if side.get("error"):
-            lines.append(f"    side-path error: {side['error']}")
+    lines.extend(_side_summary_lines(s.get("side_paths") or {}))
     lines.append(f"  run directory: {out_dir}  (summary.json, released.csv; `stream-anon report {out_dir}`)")
     print("\n".join(lines))
