@@ -41,6 +41,21 @@ def caught_up(consumer: KafkaConsumer, tp: TopicPartition) -> bool:
     return position is not None and position >= end
 
 
+def fetched_ends(consumer: KafkaConsumer, topic: str, timeout_s: float) -> dict[int, int]:
+    """Partition -> end offset of ``topic`` from fetch responses' highwaters (Tansu's ``end_offsets()`` is wrong),
+    read with ``consumer`` (in no group; its assignment is replaced); empty for a topic it does not know, 0 for a
+    partition whose fetch did not come within ``timeout_s``."""
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
+    if not tps:
+        return {}
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    deadline = time.monotonic() + timeout_s
+    while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
+        consumer.poll(timeout_ms=BOUNDS_POLL_MS, max_records=1)
+    return {tp.partition: int(consumer.highwater(tp) or 0) for tp in tps}
+
+
 def position_before(consumer: KafkaConsumer, tp: TopicPartition, offset: int) -> bool:
     """Whether ``consumer``'s position on ``tp`` is still before ``offset`` (True while the position is
     unknown: not there yet)."""

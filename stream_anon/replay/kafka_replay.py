@@ -37,7 +37,7 @@ from stream_anon.formats.decoding import CONTROL_FLUSH, CONTROL_HEADER
 from stream_anon.kafka_io.address import BootstrapAddressError, wait_for_broker
 from stream_anon.kafka_io.address import BrokerUnreachableError as AddressUnreachableError
 from stream_anon.kafka_io.clients import cluster_brokers
-from stream_anon.kafka_io.reader import caught_up
+from stream_anon.kafka_io.reader import caught_up, fetched_ends
 from stream_anon.kafka_io.settings import TopicLayout
 from stream_anon.replay.interrupts import InterruptGuard, ReplayInterrupted
 from stream_anon.replay.progress import ProgressBar, RateLimiter
@@ -438,16 +438,7 @@ def topic_ends(bootstrap_servers: str, topic: str, client_config: Mapping[str, A
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
                              **dict(client_config or {}))
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return {}
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=100, max_records=1)
-        return {tp.partition: int(consumer.highwater(tp) or 0) for tp in tps}
+        return fetched_ends(consumer, topic, timeout_s)
     finally:
         consumer.close()
 

@@ -36,7 +36,7 @@ from stream_anon.formats.release import (
     decode_class_message,
     decode_dead_letter,
 )
-from stream_anon.kafka_io.reader import caught_up, position_before
+from stream_anon.kafka_io.reader import caught_up, fetched_ends, position_before
 from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
 from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
 
@@ -92,16 +92,7 @@ def partition_ends(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.
     wrong)."""
     consumer = _consumer(bootstrap_servers, client_options)
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return {}
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=200, max_records=1)
-        return {tp.partition: int(consumer.highwater(tp) or 0) for tp in tps}
+        return fetched_ends(consumer, topic, timeout_s)
     finally:
         consumer.close()
 
