@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -296,14 +294,14 @@ def test_an_anchor_the_broker_refuses_is_warned_once_then_at_most_once_a_minute(
     """A broker that refuses the budget anchor: tried at every flush (5 a second on an idle input), but one WARNING
     at the first failure and then at most one per ``ANCHOR_WARNING_EVERY_SECONDS`` (with the count); one INFO line
     when it is committed again."""
-    import stream_anon.side.app as side_app
+    import stream_anon.side.budget_store as budget_store
 
     app, _producer, _metrics = make_app(SIDE, Consumer())
     app._process(0, messages(records[:20]))
     assert app.processor.budgets.anchor.seq > 0
     app._admin = object()  # type: ignore[assignment]
     clock = [1000.0]
-    monkeypatch.setattr(side_app, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))  # this module's
+    app._anchor_writer.clock = lambda: clock[0]
     refusing = [True]
     written: list[object] = []
 
@@ -312,8 +310,8 @@ def test_an_anchor_the_broker_refuses_is_warned_once_then_at_most_once_a_minute(
             raise KafkaError("broker down")
         written.append(anchor)
 
-    monkeypatch.setattr(side_app, "write_anchor", write)
-    caplog.set_level("INFO", logger="stream_anon.side.app")
+    monkeypatch.setattr(budget_store, "write_anchor", write)
+    caplog.set_level("INFO", logger="stream_anon.side.budget_store")
     for _ in range(300):  # a minute of idle flushes, 0.2 s apart
         app._write_anchor()
         clock[0] += 0.2
@@ -322,6 +320,7 @@ def test_an_anchor_the_broker_refuses_is_warned_once_then_at_most_once_a_minute(
     app._write_anchor()  # 60 s after the first
     warnings = [r.getMessage() for r in caplog.records if "was not committed" in r.getMessage()]
     assert len(warnings) == 2 and "301 failed tries so far" in warnings[1]
+    assert app._anchored != app.processor.budgets.anchor
     refusing[0] = False
     app._write_anchor()
     assert written == [app.processor.budgets.anchor] and app._anchored == app.processor.budgets.anchor

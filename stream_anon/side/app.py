@@ -90,12 +90,12 @@ from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.privacy.display import format_epsilon, format_epsilons
 from stream_anon.side.budget_store import (
+    AnchorWriter,
     BudgetStore,
     BudgetTopic,
     BudgetTopicError,
     read_anchor,
     side_outputs_found,
-    write_anchor,
 )
 from stream_anon.side.budgets import BudgetAnchor, SideStateError
 from stream_anon.side.decoding import SideDecoder
@@ -111,10 +111,6 @@ from stream_anon.side.status import (
 from stream_anon.side.status import estimate_summary
 
 log = logging.getLogger(__name__)
-
-ANCHOR_WARNING_EVERY_SECONDS = 60.0
-"""A budget anchor the broker does not take is tried again at every flush (each poll of an idle input, 5 a second):
-its WARNING comes at the first failure, then at most this often, with the count of failed tries."""
 
 
 @dataclass
@@ -172,8 +168,7 @@ class SidePathApp:
         self.mixer = CopyMixer(self.side.mixing.records, self.side.mixing.seconds, self.processor.rng)
         self._admin: KafkaAdminClient | None = None  # kept open for the anchor
         self._anchored: BudgetAnchor | None = None  # the anchor as last committed
-        self._anchor_failures = 0  # failed tries since the last commit of the anchor
-        self._anchor_warned_at = float("-inf")
+        self._anchor_writer = AnchorWriter(self.input_topic)
         self._poller: Poller | None = None
         self._bound = FALLBACK_MESSAGE_MAX_BYTES  # the output bound, read from the broker at start
         # the write-ahead of every message to a public side topic (a record's copies on every topic or none)
@@ -603,27 +598,13 @@ class SidePathApp:
             self.metrics.budgets()
 
     def _write_anchor(self) -> None:
-        """Commit the budget's (generation, write) as its anchor (a WARNING when the broker refuses it: tried again
-        at the next flush; the state itself is acknowledged already)."""
+        """Commit the budget's (generation, write) as its anchor (a refusal is tried again at the next flush: the
+        state itself is acknowledged already; :class:`AnchorWriter` logs it)."""
         anchor = self.processor.budgets.anchor
         if self._admin is None or anchor.seq == 0:
             return
-        try:
-            write_anchor(self._admin, self.input_topic, anchor)
-        except (KafkaError, OSError) as e:
-            self._anchor_failures += 1
-            now = time.monotonic()
-            if self._anchor_failures == 1 or now - self._anchor_warned_at >= ANCHOR_WARNING_EVERY_SECONDS:
-                self._anchor_warned_at = now
-                log.warning("side paths: the budget anchor (%s) was not committed (%r); tried again at every flush "
-                            "(%d failed tries so far; this line at most once every %.0f s)", anchor, e,
-                            self._anchor_failures, ANCHOR_WARNING_EVERY_SECONDS)
-            return
-        if self._anchor_failures:
-            log.info("side paths: the budget anchor (%s) is committed, after %d failed tries", anchor,
-                     self._anchor_failures)
-            self._anchor_failures = 0
-        self._anchored = anchor
+        if self._anchor_writer.write(self._admin, anchor):
+            self._anchored = anchor
 
     def _close_admin(self) -> None:
         if self._admin is not None:

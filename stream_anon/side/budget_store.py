@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -164,6 +164,41 @@ def write_anchor(admin: KafkaAdminClient, input_topic: str, anchor: BudgetAnchor
     error = result.get(tp)
     if isinstance(error, type) and issubclass(error, KafkaError) and error is not NoError:
         raise error(f"the budget anchor of {input_topic!r} was not committed")
+
+
+ANCHOR_WARNING_EVERY_SECONDS = 60.0
+"""A budget anchor the broker does not take is tried again at every flush (each poll of an idle input, 5 a second):
+its WARNING comes at the first failure, then at most this often, with the count of failed tries."""
+
+
+class AnchorWriter:
+    """Commits the budget's anchors (:func:`write_anchor`) for the side app: a refusal is logged at the first failure,
+    then at most once every :data:`ANCHOR_WARNING_EVERY_SECONDS` with the count of failed tries (the app tries again
+    at every flush), and the commit that follows failures is logged once.  ``clock``: seconds (monotonic)."""
+
+    def __init__(self, input_topic: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.input_topic = input_topic
+        self.clock = clock
+        self.failures = 0  # failed tries since the last commit
+        self._warned_at = float("-inf")
+
+    def write(self, admin: KafkaAdminClient, anchor: BudgetAnchor) -> bool:
+        """Commit ``anchor``; False when the broker refused it (logged as above)."""
+        try:
+            write_anchor(admin, self.input_topic, anchor)
+        except (KafkaError, OSError) as e:
+            self.failures += 1
+            now = self.clock()
+            if self.failures == 1 or now - self._warned_at >= ANCHOR_WARNING_EVERY_SECONDS:
+                self._warned_at = now
+                log.warning("side paths: the budget anchor (%s) was not committed (%r); tried again at every flush "
+                            "(%d failed tries so far; this line at most once every %.0f s)", anchor, e,
+                            self.failures, ANCHOR_WARNING_EVERY_SECONDS)
+            return False
+        if self.failures:
+            log.info("side paths: the budget anchor (%s) is committed, after %d failed tries", anchor, self.failures)
+            self.failures = 0
+        return True
 
 
 def side_outputs_found(cfg: Config, topics: Sequence[str], timeout_s: float = 10.0) -> str | None:
