@@ -23,7 +23,10 @@ RawRecord = tuple[int, bytes | None, bytes | None]
 BOUNDS_POLL_MS = 10
 """:meth:`PartitionReader.bounds` polls this long at a time until the fetch response (and its highwater) is in: the
 poll of an empty partition returns no record and so blocked for its whole timeout, 200 ms before, at each of the
-output partitions' ends a recovery reads (measured on Tansu and on Apache Kafka 4.4: docs/service.md)."""
+output partitions' ends a recovery reads (measured on Tansu and on Apache Kafka 4.4: docs/service.md).  (Asking for
+the first offset before assigning the partition saved ~100 ms more per call, but on Apache Kafka a topic this
+process had just created then never got a fetch answer: a restart after the ledger was deleted retried for minutes
+instead of exiting 4.)"""
 
 GAP_SECONDS = 5.0
 """A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
@@ -92,10 +95,10 @@ class PartitionReader:
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         tp = TopicPartition(topic, partition)
         c = self.consumer
-        c.assign([])  # kafka-python keeps a partition's state (and its old highwater) on re-assignment; and asked
-        # with no partition assigned, the first offset comes at once (with the last one's fetch in flight: ~100 ms)
-        begin = int(c.beginning_offsets([tp])[tp] or 0)
+        if tp in c.assignment():  # kafka-python keeps a partition's state (and its old highwater) on re-assignment
+            c.assign([])
         c.assign([tp])
+        begin = int(c.beginning_offsets([tp])[tp] or 0)
         c.seek(tp, begin)
         deadline = time.monotonic() + timeout_s
         while c.highwater(tp) is None:
