@@ -9,7 +9,9 @@
 - The broker guard's offset floors: a fresh fetch's highwater below an offset the service committed or saw
   acknowledged is taken as data loss (exit 4).  On a three-node cluster the leader is killed (``kill -9``) under
   a steady stream of ``acks=all`` writes while a prober reads the highwater with a fresh assignment again and
-  again (as ``PartitionReader.bounds`` does): it must never go below what was seen or acknowledged before.
+  again (as ``PartitionReader.bounds`` does).  A new leader's highwater can lag behind what was seen or acknowledged
+  before for a moment (seen in CI: 2,348 after 25,200; the broker guard then takes it for a loss: docs/tansu.md,
+  item 3', not fixed yet): every such dip must end within ``DIP_BOUND_SECONDS``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from apache_kafka_support import KafkaCluster
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import OutOfOrderSequenceNumberError
+
+DIP_BOUND_SECONDS = 5.0
+"""How long a dip of the highwater after a leader kill may last here (measured: docs/tansu.md item 3')."""
 
 
 def create(bs: str, topic: str, partitions: int, replicas: int) -> None:
@@ -111,7 +116,7 @@ def test_end_offsets_and_the_fetch_highwater_agree(apache_kafka: KafkaCluster) -
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_highwater_never_goes_below_what_was_acknowledged_across_leader_kills(kafka_cluster: KafkaCluster) -> None:
+def test_a_highwater_dip_after_a_leader_kill_ends_within_the_confirmation_window(kafka_cluster: KafkaCluster) -> None:
     cluster = kafka_cluster
     bs = cluster.bootstrap_servers
     create(bs, "hwk", 1, 3)
@@ -147,7 +152,10 @@ def test_the_highwater_never_goes_below_what_was_acknowledged_across_leader_kill
             floor = acked[0]
             cluster.kill(leader)
             t0, lowest, probes = time.monotonic(), None, 0
-            while time.monotonic() - t0 < 15:  # the election and after
+            below_since: float | None = None  # a dip below the floor: when it was first seen
+            longest = 0.0  # the longest dip, seconds from its first probe below to the first probe back
+            while time.monotonic() - t0 < 15 or below_since is not None:  # the election and after
+                assert time.monotonic() - t0 < 60, f"the end stayed below {floor} from {below_since}"
                 prober.assign([])
                 prober.assign([tp])
                 prober.seek(tp, 0)
@@ -159,8 +167,13 @@ def test_the_highwater_never_goes_below_what_was_acknowledged_across_leader_kill
                     probes += 1
                     if hw < floor:
                         lowest = hw if lowest is None else min(lowest, hw)
-                    floor = max(floor, hw)
-            results.append((leader, probes, floor, lowest))
+                        below_since = time.monotonic() if below_since is None else below_since
+                    else:
+                        if below_since is not None:
+                            longest = max(longest, time.monotonic() - below_since)
+                            below_since = None
+                        floor = hw
+            results.append((leader, probes, floor, lowest, round(longest, 2)))
             cluster.start_node(leader)
             cluster.wait_in_sync(["hwk"])
     finally:
@@ -168,6 +181,8 @@ def test_the_highwater_never_goes_below_what_was_acknowledged_across_leader_kill
         writer.join(30)
         prober.close()
     print(f"\nApache Kafka, leader of hwk[0] killed twice under acks=all writes: (leader, probes in 15 s, highest end "
-          f"seen, lowest end below it) = {results}")
+          f"seen, lowest end below it, longest dip in s) = {results}")
     assert all(r[1] > 10 for r in results), results  # the prober did see the partition during the election
-    assert all(r[3] is None for r in results), results
+    # a new leader's highwater may lag behind what was acknowledged for a moment (seen: 2,348 after 25,200): every
+    # dip must end, and soon (what a confirmation of the broker guard would have to wait for)
+    assert all(r[4] < DIP_BOUND_SECONDS for r in results), results

@@ -20,13 +20,11 @@ log = logging.getLogger(__name__)
 RawRecord = tuple[int, bytes | None, bytes | None]
 """(offset, key, value) of one record."""
 
-BOUNDS_POLL_MS = 10
-""":meth:`PartitionReader.bounds` polls this long at a time until the fetch response (and its highwater) is in: the
-poll of an empty partition returns no record and so blocked for its whole timeout, 200 ms before, at each of the
-output partitions' ends a recovery reads (measured on Tansu and on Apache Kafka 4.4: docs/service.md).  (Asking for
-the first offset before assigning the partition saved ~100 ms more per call, but on Apache Kafka a topic this
-process had just created then never got a fetch answer: a restart after the ledger was deleted retried for minutes
-instead of exiting 4.)"""
+BOUNDS_POLL_MS = 200
+""":meth:`PartitionReader.bounds` polls this long at a time until the fetch response (and its highwater) is in.  An
+empty partition's poll blocks for all of it (0.83 s for an empty ledger's recovery on Tansu, three output partitions
+read); 10 ms polls cut that to 0.35 s but on Apache Kafka 4.4 a topic this process had just created then never got
+a fetch answer (a restart after the ledger's deletion retried for minutes instead of exiting 4), so not changed."""
 
 GAP_SECONDS = 5.0
 """A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
@@ -55,7 +53,7 @@ def fetched_ends(consumer: KafkaConsumer, topic: str, timeout_s: float) -> dict[
     consumer.seek_to_beginning(*tps)
     deadline = time.monotonic() + timeout_s
     while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
-        consumer.poll(timeout_ms=BOUNDS_POLL_MS, max_records=1)
+        consumer.poll(timeout_ms=100, max_records=1)
     return {tp.partition: int(consumer.highwater(tp) or 0) for tp in tps}
 
 
