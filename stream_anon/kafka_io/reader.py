@@ -23,8 +23,8 @@ RawRecord = tuple[int, bytes | None, bytes | None]
 BOUNDS_POLL_MS = 200
 """:meth:`PartitionReader.bounds` polls this long at a time until the fetch response (and its highwater) is in.  An
 empty partition's poll blocks for all of it (0.83 s for an empty ledger's recovery on Tansu, three output partitions
-read); 10 ms polls cut that to 0.35 s but on Apache Kafka 4.4 a topic this process had just created then never got
-a fetch answer (a restart after the ledger's deletion retried for minutes instead of exiting 4), so not changed."""
+read); 10 ms polls cut that to 0.35 s, but they were in the same failing Apache Kafka run as back-to-back re-reads of
+one partition (which got no fetch answer) and were not tested apart, so not changed."""
 
 GAP_SECONDS = 5.0
 """A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
