@@ -24,6 +24,7 @@ from stream_anon.kafka_io.broker import free_port
 from stream_anon.kafka_io.lifecycle import ClosedSocketRecv, StopClock, die_with_parent
 from stream_anon.metrics.definitions import ServiceMetrics
 from stream_anon.metrics.endpoint import serve_metrics
+from stream_anon.service.broker_guard import BrokerDataLossError
 from stream_anon.service.broker_health import BrokerHealth
 from stream_anon.service.liveness import LoopHeartbeat
 
@@ -137,3 +138,58 @@ def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogC
     assert OUTAGE.search(text) and BACK.search(text), text
     assert re.search(r"not answering for \d+ s \(KafkaTimeoutError: Unable to bootstrap", text), text
     assert health.outage_since is None
+
+
+class _TopicGoneGuard:
+    """A broker that answers metadata but lost the input topic (a memory broker restarted)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def check_topics(self) -> Exception | None:
+        self.calls += 1
+        raise BrokerDataLossError("topic stream.raw is gone (it had id x, 2 partitions)")
+
+
+class _TimingOutReader:
+    """kafka-python's offsets request for an unknown topic: retried until its timeout."""
+
+    def ping(self, topic: str, partition: int, timeout_ms: int) -> None:
+        raise KafkaTimeoutError(f"Failed to get offsets by timestamps in {timeout_ms} ms")
+
+
+def test_a_failed_ping_is_followed_by_the_topic_check(caplog: pytest.LogCaptureFixture) -> None:
+    """CI: a memory broker restarted; the ping for the gone topic timed out, the outage began, and the data check
+    (which waits for the outage's end) never ran: 60 s of "not answering" instead of exit 4.  A failed ping now
+    runs the topic check (at most every data-check period), which names the loss."""
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
+    guard = _TopicGoneGuard()
+    health = BrokerHealth(guard, poller=None, reader=_TimingOutReader(), kafka=cfg.kafka,  # type: ignore[arg-type]
+                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
+                          ledger_partition=lambda p: p, owned=list, stopping=lambda: False)
+    health._check_at = health._data_check_at = 0.0  # both due now
+    with pytest.raises(BrokerDataLossError, match="is gone"):
+        health.check_broker_when_due()
+    assert guard.calls == 1 and health.outage_since is not None
+    health._check_at = 0.0  # the next ping is due, the data check's period is not over: the ping alone
+    health.check_broker_when_due()
+    assert guard.calls == 1
+
+
+def test_a_stop_during_a_failed_ping_checks_nothing_more() -> None:
+    """The stop path waits for no further request: a stop that came while the ping waited skips the topic check."""
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
+    guard = _TopicGoneGuard()
+    stopping = [False]
+
+    class StoppedDuringThePing(_TimingOutReader):
+        def ping(self, topic: str, partition: int, timeout_ms: int) -> None:
+            stopping[0] = True
+            super().ping(topic, partition, timeout_ms)
+
+    health = BrokerHealth(guard, poller=None, reader=StoppedDuringThePing(), kafka=cfg.kafka,  # type: ignore[arg-type]
+                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
+                          ledger_partition=lambda p: p, owned=list, stopping=lambda: stopping[0])
+    health._check_at = health._data_check_at = 0.0
+    health.check_broker_when_due()
+    assert stopping[0] and guard.calls == 0 and health.outage_since is not None

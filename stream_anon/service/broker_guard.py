@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 EXIT_DATA_LOSS = 4
 """Exit code of ``stream-anon run`` when the broker lost data the service had committed or acknowledged."""
 GUARD_REQUEST_TIMEOUT_MS = LOOP_REQUEST_TIMEOUT_MS
-"""Longest one metadata request of the check may take (a stalled broker must not hold the loop longer)."""
+"""Longest one metadata request of the check (and a new admin client's bootstrap) may take: a stalled broker must
+not hold the loop longer."""
 UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION
 
 
@@ -123,7 +124,8 @@ class BrokerGuard:
     def _make_admin(self) -> KafkaAdminClient:
         opts: dict[str, Any] = {**client_options(self.cfg.kafka),
                                 "request_timeout_ms": min(self.cfg.kafka.request_timeout_ms, GUARD_REQUEST_TIMEOUT_MS)}
-        return KafkaAdminClient(**opts, bootstrap_timeout_ms=self.cfg.kafka.connect_timeout_ms)
+        return KafkaAdminClient(**opts, bootstrap_timeout_ms=min(self.cfg.kafka.connect_timeout_ms,
+                                                                 GUARD_REQUEST_TIMEOUT_MS))
 
     def describe(self) -> dict[str, TopicState | None]:
         """The broker's current view of the topics (None: the topic does not exist); raises ``KafkaError`` or
