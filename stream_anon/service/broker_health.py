@@ -27,7 +27,7 @@ from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 from stream_anon.kafka_io.poller import Poller
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
-from stream_anon.service.broker_guard import BrokerDataLossError, BrokerGuard
+from stream_anon.service.broker_guard import HIGHWATER_CONFIRM_SECONDS, BrokerDataLossError, BrokerGuard
 from stream_anon.service.outbox import Receipt
 
 log = logging.getLogger(__name__)
@@ -135,22 +135,55 @@ class BrokerHealth:
             self.silent(now, failure)
             return False
         floors = self.guard.floors
-        problems = [floors.check(self.input_topic, p, self.poller.highwater(p)) for p in self.poller.assignment()]
+        suspects = {(self.input_topic, p) for p in self.poller.assignment()
+                    if floors.check(self.input_topic, p, self.poller.highwater(p))}
         ledger = self._ledger_problems(now)
         if ledger is None:
             return False
-        found = [p for p in [*problems, *ledger] if p]
+        suspects |= set(ledger)
+        found = self.confirmed_below_floor(suspects)
         if found:
             raise BrokerDataLossError("; ".join(found))
         return True
+
+    def confirmed_below_floor(self, suspects: Iterable[tuple[str, int]]) -> list[str]:
+        """The partitions among ``suspects`` (topic, partition) whose end stays below its floor: fresh reads until
+        each is at or above it, for at most ``HIGHWATER_CONFIRM_SECONDS`` (a replicated cluster's new leader can
+        report a lower highwater for a moment, docs/tansu.md); one line per loss left (none while stopping)."""
+        floors = self.guard.floors
+        pending: dict[tuple[str, int], str] = {tp: "" for tp in suspects}
+        if not pending:
+            return []
+        t0 = time.monotonic()
+        while True:
+            for topic, partition in sorted(pending):
+                try:
+                    end = self.reader.bounds(topic, partition, timeout_s=LOOP_REQUEST_TIMEOUT_MS / 1000)[1]
+                except (KafkaError, OSError) as e:
+                    log.debug("broker data check: end of %s[%d] unknown: %r", topic, partition, e)
+                    continue
+                problem = floors.check(topic, partition, end)
+                if problem is None:
+                    del pending[(topic, partition)]
+                    log.warning("%s[%d]: its end was below offset %s for up to %.1f s, then back (a new leader's "
+                                "highwater catching up, not a loss)", topic, partition,
+                                floors.floor(topic, partition), time.monotonic() - t0)
+                else:
+                    pending[(topic, partition)] = problem
+            if not pending or self.stopping():
+                return []
+            if time.monotonic() - t0 >= HIGHWATER_CONFIRM_SECONDS:
+                return [problem or f"{topic}[{partition}] unreadable" for (topic, partition), problem
+                        in sorted(pending.items())]
+            time.sleep(0.2)
 
     def _data_check_due(self, now: float, force: bool) -> bool:
         """Forced, or its time came and the broker answers (during an outage only the ping asks, with its
         backoff); never while stopping."""
         return not self.stopping() and (force or (now >= self._data_check_at and self.outage_since is None))
 
-    def _ledger_problems(self, now: float) -> list[str | None] | None:
-        """The owned ledger partitions' ends against the ledger messages acknowledged (None: not answered)."""
+    def _ledger_problems(self, now: float) -> list[tuple[str, int]] | None:
+        """The owned ledger partitions whose end is below the ledger messages acknowledged (None: not answered)."""
         problems = []
         for p in sorted(self.owned()):
             if self.stopping():  # the stop path does not wait for checks
@@ -162,7 +195,8 @@ class BrokerHealth:
                 log.debug("broker data check: end of %s[%d] unknown: %r", self.ledger_topic, lp, e)
                 self.silent(now, e)
                 return None
-            problems.append(self.guard.floors.check(self.ledger_topic, lp, end))
+            if self.guard.floors.check(self.ledger_topic, lp, end):
+                problems.append((self.ledger_topic, lp))
         return problems
 
     def note_ledger(self, receipt: Receipt) -> None:
@@ -184,6 +218,7 @@ class BrokerHealth:
                                       f"is gone (it was at least {floor})")
         if committed is not None:
             floors.raise_to(self.input_topic, partition, committed, "found committed")
-        problem = floors.check(self.input_topic, partition, self.poller.highwater(partition))
-        if problem:
-            raise BrokerDataLossError(problem)
+        if floors.check(self.input_topic, partition, self.poller.highwater(partition)):
+            found = self.confirmed_below_floor([(self.input_topic, partition)])
+            if found:
+                raise BrokerDataLossError("; ".join(found))

@@ -254,11 +254,16 @@ class PartitionRecovery:
         chunk: records read per step (``service.readback_chunk``).
         retry: how reads are retried (:class:`Retry`).
         on_ledger: called with the receipt of the acknowledged first checkpoint (the data-loss check's floors).
+        confirm_seconds: a partition that looks lost (an output partition ending below its checkpoint's end, a
+            ledger without the checkpoint of a committed offset) is read again for this long before
+            :class:`LedgerLostError` (a replicated cluster's new leader can report a lower highwater for a moment:
+            ``broker_guard.HIGHWATER_CONFIRM_SECONDS`` in the service; 0 by default).
     """
 
     def __init__(self, table: PartitionTable, producers: Producers, reader: PartitionReading, topics: Topics, *,
                  group: str, chunk: int, retry: Retry = call_once,
-                 on_ledger: Callable[[Receipt], None] = lambda _: None) -> None:
+                 on_ledger: Callable[[Receipt], None] = lambda _: None, confirm_seconds: float = 0.0) -> None:
+        self.confirm_seconds = confirm_seconds
         self.table = table
         self.producers = producers
         self.reader = reader
@@ -280,6 +285,10 @@ class PartitionRecovery:
             return scan
 
         plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+        deadline = time.monotonic() + self.confirm_seconds
+        while committed is not None and plan.checkpoint is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # a new leader's highwater may hide the checkpoint for a moment: read again
+            plan = self.retry(f"partition {partition}: ledger scan", read).finish()
         if committed is not None and plan.checkpoint is None:
             raise LedgerLostError(
                 f"ledger {topic}[{lp}] holds no checkpoint, yet group {self.group!r} committed offset {committed} of "
@@ -345,11 +354,17 @@ class PartitionRecovery:
             def end(t: str = topic, o: int = op) -> int:
                 return self.reader.bounds(t, o)[1]
 
-            if plan.pending:
-                msgs, ends[role] = self.retry(f"partition {partition}: scan of {topic}", scan)
-                presence.add_many(role, msgs)
-            else:
-                ends[role] = self.retry(f"partition {partition}: end of {topic}", end)
+            msgs: list[tuple[bytes | None, bytes | None]] = []
+            deadline = time.monotonic() + self.confirm_seconds
+            while True:
+                if plan.pending:
+                    msgs, ends[role] = self.retry(f"partition {partition}: scan of {topic}", scan)
+                else:
+                    ends[role] = self.retry(f"partition {partition}: end of {topic}", end)
+                if since is None or ends[role] >= since or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)  # a new leader's highwater may lag for a moment: read (and scan) again
+            presence.add_many(role, msgs)
             if since is not None and ends[role] < since:
                 lp = self.producers.ledger.partition_for(self.topics.ledger, partition)
                 raise LedgerLostError(
