@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 from kafka.errors import KafkaTimeoutError
@@ -108,15 +109,26 @@ def test_a_child_dies_with_its_parent() -> None:
     wait_for(gone_or_zombie, 20, "the child to die with its parent", interval=0.05)
 
 
-class _SilentGuard:
-    """A broker guard whose metadata request timed out (the broker froze while the loop was inside it)."""
+class _Guard:
+    """A broker guard whose topic check gives ``outcome``: an error returned (the request was not answered) or a
+    :class:`BrokerDataLossError` raised (the broker lost a topic); counts the checks."""
 
-    def __init__(self) -> None:
+    def __init__(self, outcome: Exception) -> None:
+        self.outcome = outcome
         self.calls = 0
 
     def check_topics(self) -> Exception | None:
         self.calls += 1
-        return KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:9092")
+        if isinstance(self.outcome, BrokerDataLossError):
+            raise self.outcome
+        return self.outcome
+
+
+def _health(guard: _Guard, reader: object = None, stopping: Callable[[], bool] = lambda: False) -> BrokerHealth:
+    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
+    return BrokerHealth(guard, poller=None, reader=reader, kafka=cfg.kafka,  # type: ignore[arg-type]
+                        input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
+                        ledger_partition=lambda p: p, owned=list, stopping=stopping)
 
 
 def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogCaptureFixture) -> None:
@@ -124,11 +136,8 @@ def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogC
     metadata request (a new admin client bootstraps for ``connect_timeout_ms``), and its ping came after the
     broker was back.  A failed data check is itself the outage's first line; the check then waits for the
     broker's return (only the ping asks, with its backoff), and the return is named."""
-    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
-    guard = _SilentGuard()
-    health = BrokerHealth(guard, poller=None, reader=None, kafka=cfg.kafka,  # type: ignore[arg-type]
-                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
-                          ledger_partition=lambda p: p, owned=list, stopping=lambda: False)
+    guard = _Guard(KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:9092"))  # the broker froze meanwhile
+    health = _health(guard)
     with caplog.at_level(logging.WARNING, logger="stream_anon"):
         assert health.check_data(force=True) is False
         assert health.outage_since is not None and guard.calls == 1
@@ -140,15 +149,8 @@ def test_an_outage_is_named_by_whichever_request_fails_first(caplog: pytest.LogC
     assert health.outage_since is None
 
 
-class _TopicGoneGuard:
-    """A broker that answers metadata but lost the input topic (a memory broker restarted)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def check_topics(self) -> Exception | None:
-        self.calls += 1
-        raise BrokerDataLossError("topic stream.raw is gone (it had id x, 2 partitions)")
+TOPIC_GONE = BrokerDataLossError("topic stream.raw is gone (it had id x, 2 partitions)")
+"""A broker that answers metadata but lost the input topic (a memory broker restarted)."""
 
 
 class _TimingOutReader:
@@ -162,11 +164,8 @@ def test_a_failed_ping_is_followed_by_the_topic_check(caplog: pytest.LogCaptureF
     """CI: a memory broker restarted; the ping for the gone topic timed out, the outage began, and the data check
     (which waits for the outage's end) never ran: 60 s of "not answering" instead of exit 4.  A failed ping now
     runs the topic check (at most every data-check period), which names the loss."""
-    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
-    guard = _TopicGoneGuard()
-    health = BrokerHealth(guard, poller=None, reader=_TimingOutReader(), kafka=cfg.kafka,  # type: ignore[arg-type]
-                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
-                          ledger_partition=lambda p: p, owned=list, stopping=lambda: False)
+    guard = _Guard(TOPIC_GONE)
+    health = _health(guard, _TimingOutReader())
     health._check_at = health._data_check_at = 0.0  # both due now
     with pytest.raises(BrokerDataLossError, match="is gone"):
         health.check_broker_when_due()
@@ -178,8 +177,7 @@ def test_a_failed_ping_is_followed_by_the_topic_check(caplog: pytest.LogCaptureF
 
 def test_a_stop_during_a_failed_ping_checks_nothing_more() -> None:
     """The stop path waits for no further request: a stop that came while the ping waited skips the topic check."""
-    cfg = Config.load(env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "side_paths.enabled": False})
-    guard = _TopicGoneGuard()
+    guard = _Guard(TOPIC_GONE)
     stopping = [False]
 
     class StoppedDuringThePing(_TimingOutReader):
@@ -187,9 +185,7 @@ def test_a_stop_during_a_failed_ping_checks_nothing_more() -> None:
             stopping[0] = True
             super().ping(topic, partition, timeout_ms)
 
-    health = BrokerHealth(guard, poller=None, reader=StoppedDuringThePing(), kafka=cfg.kafka,  # type: ignore[arg-type]
-                          input_topic=cfg.topics.input, ledger_topic=cfg.topics.ledger_topic(),
-                          ledger_partition=lambda p: p, owned=list, stopping=lambda: stopping[0])
+    health = _health(guard, StoppedDuringThePing(), stopping=lambda: stopping[0])
     health._check_at = health._data_check_at = 0.0
     health.check_broker_when_due()
     assert stopping[0] and guard.calls == 0 and health.outage_since is not None
