@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 4.0
 """On a stop: how long after the request the stop path waits, in all, for outputs, ledger entries and the final
 commit to be acknowledged before it leaves them to the next owner (a restart re-sends them from the ledger)."""
+SIDE_STOP_GRACE_SECONDS = STOP_GRACE_SECONDS - 1.0
+"""On a stop: how long the side paths' final flush (open windows, final estimates, outbox tombstones) waits for
+acknowledgements before it leaves them to the next start (the outbox recomputes them).  One second less than the
+main path's grace, so that with the broker frozen their stop (this grace, then the consumer's close) ends about
+2.5 s before the side-path process's own deadline (``runtime.supervisor.SIDE_SELF_STOP_SECONDS``):
+with the full grace the margin was 1.5 s, and a loaded CI machine used it up (the deadline fired 6.0 s after the
+request, in 2 of the 4 frozen-broker stops of one CI run)."""
 LOOP_REQUEST_TIMEOUT_MS = 3000
 """Longest any blocking request of a running loop may wait for its answer (the recovery reader's scans and ends, a
 committed offset, the broker checks, the side paths' commits): they are retried, and a stop is noticed between two

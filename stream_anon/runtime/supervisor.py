@@ -42,13 +42,14 @@ from stream_anon.side.app import SideStatus, run_side_paths
 
 log = logging.getLogger(__name__)
 
-SIDE_STOP_SECONDS = STOP_GRACE_SECONDS + CLOSE_TIMEOUT_SECONDS + 1.0
-"""How long the side-path process may take to stop after the request (its own stop path: the stop grace for its
-final flush, then its consumer and producer close) before it is killed.  It ends itself before that
-(:data:`SIDE_SELF_STOP_SECONDS`), so the kill is the last resort of a last resort."""
-SIDE_SELF_STOP_SECONDS = SIDE_STOP_SECONDS - 1.0
+SIDE_SELF_STOP_SECONDS = STOP_GRACE_SECONDS + CLOSE_TIMEOUT_SECONDS
 """The side-path process's own deadline after the stop request (:class:`~stream_anon.kafka_io.lifecycle.
-StopDeadline`, exit code 3)."""
+StopDeadline`, exit code 3): its stop path takes at most :data:`~stream_anon.kafka_io.lifecycle.SIDE_STOP_GRACE_SECONDS` for
+its final flush, then its consumer and producer close (0.5 s when the broker did not answer, at most
+:data:`~stream_anon.kafka_io.lifecycle.CLOSE_TIMEOUT_SECONDS` each when it did)."""
+SIDE_STOP_SECONDS = SIDE_SELF_STOP_SECONDS + 1.0
+"""How long the service waits for the side-path process to stop after the request before it kills it.  The process
+ends itself before that (:data:`SIDE_SELF_STOP_SECONDS`), so the kill is the last resort of a last resort."""
 REPORT_SECONDS = 0.25
 """How often the child process looks at its pipe (stop requests, status requests, the service gone)."""
 

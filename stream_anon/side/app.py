@@ -82,7 +82,12 @@ from stream_anon.kafka_io.errors import (
     MessageRejectedError,
     ProducerFatalError,
 )
-from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS, Closing, StopClock
+from stream_anon.kafka_io.lifecycle import (
+    LOOP_REQUEST_TIMEOUT_MS,
+    SIDE_STOP_GRACE_SECONDS,
+    Closing,
+    StopClock,
+)
 from stream_anon.kafka_io.limits import FALLBACK_MESSAGE_MAX_BYTES, read_output_bound
 from stream_anon.kafka_io.poller import PolledRecord, Poller
 from stream_anon.kafka_io.producer import OutputProducer, open_producer
@@ -111,7 +116,6 @@ from stream_anon.side.status import (
 from stream_anon.side.status import estimate_summary
 
 log = logging.getLogger(__name__)
-
 
 @dataclass
 class _Decoded:
@@ -247,10 +251,11 @@ class SidePathApp:
                                     on_retry=self.metrics.reconnect, stop=stop, also=ensure_budget_topic)
         except BudgetTopicError as e:
             return self._failed_start(f"not started: {e}", 2)
-        # on a stop, the final flush gets the stop grace, then its outputs are given up (recomputed next time)
+        # on a stop, the final flush gets the side paths' grace, then its outputs are given up (recomputed next time)
         kafka = dataclasses.replace(cfg.kafka, batch_size=min(cfg.kafka.batch_size, self._bound))
         self._producer = open_producer(kafka, partition_counts=counts, on_error=self.metrics.produce_error,
-                                       stop=StopClock(self.stop_event).give_up, label="side")
+                                       stop=StopClock(self.stop_event, SIDE_STOP_GRACE_SECONDS).give_up,
+                                       label="side")
         store = self.budget_store
         if store is not None:
             spending = [t.krr, t.rs, t.blap, t.kmeans]
