@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 
 SIDE_SELF_STOP_SECONDS = STOP_GRACE_SECONDS + CLOSE_TIMEOUT_SECONDS
 """The side-path process's own deadline after the stop request (:class:`~stream_anon.kafka_io.lifecycle.
-StopDeadline`, exit code 3): its stop path takes at most :data:`~stream_anon.kafka_io.lifecycle.SIDE_STOP_GRACE_SECONDS` for
-its final flush, then its consumer and producer close (0.5 s when the broker did not answer, at most
-:data:`~stream_anon.kafka_io.lifecycle.CLOSE_TIMEOUT_SECONDS` each when it did)."""
+StopDeadline`, exit code 3).  Its stop path is its final flush (at most
+:data:`~stream_anon.kafka_io.lifecycle.SIDE_STOP_GRACE_SECONDS`), then its consumer's and producer's close (0.5 s
+when the broker did not answer)."""
 SIDE_STOP_SECONDS = SIDE_SELF_STOP_SECONDS + 1.0
 """How long the service waits for the side-path process to stop after the request before it kills it.  The process
 ends itself before that (:data:`SIDE_SELF_STOP_SECONDS`), so the kill is the last resort of a last resort."""

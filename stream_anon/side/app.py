@@ -117,6 +117,7 @@ from stream_anon.side.status import estimate_summary
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class _Decoded:
     """One polled batch of a partition, decoded (see :meth:`SidePathApp._decode`)."""
