@@ -67,3 +67,35 @@ def test_bounds_gives_up_at_its_deadline_naming_the_partition() -> None:
     c = RecordingConsumer(begin=0, end=0, fetches_needed=10**9)
     with pytest.raises(KafkaTimeoutError, match=r"no fetch response for TopicPartition\(topic='out', partition=3\)"):
         _reader(c, timeout_s=0.05).bounds("out", 3)
+
+
+def _backward(ends: list[int], min_end: int, timeout_s: float = 30.0) -> tuple[list[tuple[int, int]], int]:
+    """read_backward over ends read one after the other (the last repeats): the ranges it read, the ends it read."""
+    reader = _reader(RecordingConsumer(begin=0, end=0, fetches_needed=1), timeout_s)
+    reads = [0]
+    ranges: list[tuple[int, int]] = []
+
+    def bounds(topic: str, partition: int, timeout_s: float | None = None) -> tuple[int, int]:
+        reads[0] += 1
+        return 0, ends[min(reads[0], len(ends)) - 1]
+
+    def read(tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
+        ranges.append((lo, hi))
+        return []
+
+    reader.bounds = bounds  # type: ignore[method-assign]
+    reader._read = read  # type: ignore[method-assign]
+    reader.read_backward("ledger", 0, 100, lambda recs: True, min_end=min_end)
+    return ranges, reads[0]
+
+
+def test_a_ledger_end_below_the_fence_is_read_again_until_it_reaches_it() -> None:
+    """The recovery's fence was acknowledged at offset 145,147: an end of 129,148 (a new leader's highwater) is
+    stale, the scan starts from the end read again."""
+    assert _backward([129_148, 129_148, 145_148], min_end=145_148) == ([(145_048, 145_148)], 3)
+    assert _backward([145_200], min_end=145_148) == ([(145_100, 145_200)], 1)  # at or past it: read once
+
+
+def test_a_ledger_end_that_stays_below_the_fence_is_a_timeout() -> None:
+    with pytest.raises(KafkaTimeoutError, match=r"ends at 100, below offset 119 acknowledged before this read"):
+        _backward([100], min_end=120, timeout_s=0.2)

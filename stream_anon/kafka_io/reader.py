@@ -25,6 +25,9 @@ BOUNDS_POLL_MS = 10
 empty partition's poll returns no record and so blocked for its whole timeout, 200 ms before (an empty ledger's
 recovery on Tansu, three output partitions read: 0.83 s with 200 ms polls, 0.35 s with 10 ms)."""
 
+END_AGAIN_SECONDS = 0.05
+"""A read whose end is below what it must reach reads the end again after this long."""
+
 GAP_SECONDS = 5.0
 """A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
 :meth:`PartitionReader._read`)."""
@@ -156,11 +159,21 @@ class PartitionReader:
         return True
 
     def read_backward(self, topic: str, partition: int, chunk: int,
-                      consume: Callable[[list[RawRecord]], bool]) -> None:
+                      consume: Callable[[list[RawRecord]], bool], *, min_end: int = 0) -> None:
         """Hand ``consume`` the partition's records in chunks of ``chunk`` offsets, last chunk first (each chunk in
-        offset order), until it returns true or the partition's beginning is reached (recovery's ledger scan)."""
+        offset order), until it returns true or the partition's beginning is reached (recovery's ledger scan).
+        ``min_end``: an end below it is stale (a record acknowledged there exists): read again until it is not,
+        ``KafkaTimeoutError`` after the request timeout."""
         tp = TopicPartition(topic, partition)
         begin, end = self.bounds(topic, partition)
+        deadline = time.monotonic() + self.request_timeout_s
+        while end < min_end:
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"{tp} ends at {end}, below offset {min_end - 1} acknowledged before this "
+                                        f"read, for {self.request_timeout_s:g} s")
+            self._check_stop(tp)
+            time.sleep(END_AGAIN_SECONDS)
+            begin, end = self.bounds(topic, partition)
         hi = end
         while hi > begin:
             lo = max(begin, hi - chunk)
