@@ -456,8 +456,10 @@ class SimProducers:
 
 class SimReader:
     """The recovery reads of the simulated broker (``compact``: the ledger as compaction leaves it; ``stale``: the
-    first end a backward read gets is that many records short, as from a new leader whose highwater lags, and
-    only a read again because of ``min_end`` gets the true one, as :class:`PartitionReader` does)."""
+    first backward read's end is that many records short (never below its ``min_end``), as from a new leader
+    whose highwater lags; later reads get the true end)."""
+
+    min_ends: list[int] = []  # every min_end a backward read was given (all instances)
 
     def __init__(self, broker: SimBroker, crash: CrashPlan, *, compact: bool = False, stale: int = 0) -> None:
         self.broker = broker
@@ -471,12 +473,13 @@ class SimReader:
 
     def read_backward(self, topic: str, partition: int, chunk: int,
                       consume: Callable[[list[tuple[int, bytes | None, bytes | None]]], bool], *,
-                      min_end: int = 0) -> None:
+                      min_end: int = 0) -> int:
         self.crash.point("recovered")
         log = self.broker.log(topic)
-        hi = max(0, len(log) - self.stale)
-        if hi < min_end:  # read again: the true end
-            hi = len(log)
+        hi = max(min_end, len(log) - self.stale)  # an end below min_end is read again (the true one)
+        self.stale = 0  # a fresh read later gets the true end
+        SimReader.min_ends.append(min_end)
+        end = hi
         recs = [(i, k, v) for i, (k, v) in enumerate(log) if i < hi]
         if self.compact:
             last = {k: i for i, k, _ in recs}
@@ -486,6 +489,7 @@ class SimReader:
             if consume([r for r in recs if lo <= r[0] < hi]):
                 break
             hi = lo
+        return end
 
     def read_forward(self, topic: str, partition: int, start: int | None,
                      chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]:
@@ -576,7 +580,7 @@ def run_incarnation(broker: SimBroker, inputs: Sequence[bytes], crash: CrashPlan
     table = PartitionTable()
     topics = Topics(input=TOPIC, ledger=LEDGER, roles=ROLE_TOPIC, max_message_bytes=bound)
     recovery = PartitionRecovery(table, producers, SimReader(broker, crash, compact=compact, stale=stale), topics,
-                                 group="sim-group", chunk=chunk)
+                                 group="sim-group", chunk=chunk, confirm_seconds=0.3 if stale else 0.0)
     outbox = OutputsFirst(table, producers, topics, net=net) if broken_order else LedgerOutbox(table, producers, topics)
     committer = Committer(table, outbox, producers, SimGroup(broker, crash), topics)
     try:
@@ -912,15 +916,16 @@ def test_crash_points_are_the_documented_sequence(stream: list[bytes]) -> None:
     stream_anon.service.ledger): recovery, then per batch entries -> acknowledged -> outputs, and steps 3-6."""
     names = crash_points(stream)
     steps = [n for n, _ in itertools.groupby(names)]
-    # the fence before the scan (its acknowledged offset bounds the ledger's end from below), nothing to re-send
-    assert steps[:5] == ["fence-sent", "fence-acked", "recovered", "initial-checkpoint-sent", "initial-checkpoint-acked"]
+    # the scan, the fence (it landed at the end the scan read: no second scan), the outputs' ends, nothing to re-send
+    assert steps[:6] == ["recovered", "fence-sent", "fence-acked", "recovered", "initial-checkpoint-sent",
+                         "initial-checkpoint-acked"]
     i = steps.index("flushed")
     assert steps[i: i + 5] == ["flushed", "checkpoint-sent", "checkpoint-acked", "committed", "tombstones-sent"]
     assert steps[steps.index("entries-sent") + 1: steps.index("entries-sent") + 3] == ["entries-acked", "outputs-sent"]
     plans: list[CrashPlan] = []
     complete_run(stream, [names.index("outputs-sent")], "none", plans)  # outputs promised, none stored
     again = [n for n, _ in itertools.groupby(plans[1].names)]
-    assert again[:7] == ["fence-sent", "fence-acked", "recovered", "resend-sent", "resend-acked",
+    assert again[:8] == ["recovered", "fence-sent", "fence-acked", "recovered", "resend-sent", "resend-acked",
                          "initial-checkpoint-sent", "initial-checkpoint-acked"]
 
 
@@ -945,13 +950,15 @@ def test_a_ledger_shared_by_two_consumer_groups_is_reported() -> None:
 def test_a_stale_ledger_end_at_recovery_hides_no_entry(stream: list[bytes], landing: str, stale: int) -> None:
     """A recovery whose first read of the ledger's end is behind the entries acknowledged before it (a new
     leader's highwater: 129,148 after 145,148 on Apache Kafka, three nodes) would miss the newest entries and
-    process their offsets again, or miss the last checkpoint and take the ledger for lost.  The fence written
-    before the scan bounds the end from below: crashed at every point where acknowledged entries may follow the
-    last checkpoint, and recovered with an end ``stale`` records short, the guarantees hold."""
+    process their offsets again (or, with the last checkpoint hidden, take the ledger for lost: the confirmation's
+    fresh reads).  The fence written after the scan lands beyond the end it read, and the scan is done again from
+    the fence: crashed at every point where acknowledged entries may follow the last checkpoint, and recovered
+    with a first end ``stale`` records short, the guarantees hold."""
     names = crash_points(stream)
     points = [i for i, n in enumerate(names) if n in ("entries-acked", "flushed", "checkpoint-sent")]
     assert len(points) > 5
     failures = {}
+    SimReader.min_ends.clear()
     for at in points:
         try:
             broker = complete_run(stream, [at], landing, stale=stale)
@@ -962,3 +969,5 @@ def test_a_stale_ledger_end_at_recovery_hides_no_entry(stream: list[bytes], land
         if problems:
             failures[(at, names[at])] = problems[:3]
     assert not failures, dict(list(failures.items())[:3])
+    if stale == 3:  # entries hidden, the checkpoint seen: the fence landed beyond the end read, a second scan
+        assert any(m > 0 for m in SimReader.min_ends), SimReader.min_ends

@@ -159,11 +159,11 @@ class PartitionReader:
         return True
 
     def read_backward(self, topic: str, partition: int, chunk: int,
-                      consume: Callable[[list[RawRecord]], bool], *, min_end: int = 0) -> None:
+                      consume: Callable[[list[RawRecord]], bool], *, min_end: int = 0) -> int:
         """Hand ``consume`` the partition's records in chunks of ``chunk`` offsets, last chunk first (each chunk in
-        offset order), until it returns true or the partition's beginning is reached (recovery's ledger scan).
-        ``min_end``: an end below it is stale (a record acknowledged there exists): read again until it is not,
-        ``KafkaTimeoutError`` after the request timeout."""
+        offset order), until it returns true or the partition's beginning is reached (recovery's ledger scan);
+        returns the end read from.  ``min_end``: an end below it is stale (a record acknowledged there exists):
+        read again until it is not, ``KafkaTimeoutError`` after the request timeout."""
         tp = TopicPartition(topic, partition)
         begin, end = self.bounds(topic, partition)
         deadline = time.monotonic() + self.request_timeout_s
@@ -181,6 +181,7 @@ class PartitionReader:
             if consume([(r.offset, r.key, r.value) for r in recs]):
                 break
             hi = lo
+        return end
 
     def read_forward(self, topic: str, partition: int, start: int | None,
                      chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]:

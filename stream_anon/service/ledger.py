@@ -23,10 +23,10 @@ Outbox protocol (Kafka transactions are not used: on Tansu aborted records stay 
       6. once the commit is confirmed: send the tombstones PartitionOutbox.tombstones(committed) (compaction)
     recovery of partition p (LedgerScan, then outputs_to_resend):
       a. committed = the group's committed offset of p (None if the group has none)
-      b. write the fence (a tombstone, recovery.fence_key) to <input>.ledger partition p; WAIT for it at F; read
-         the partition backwards in chunks, from an end of at least F + 1 (a lower end is stale: read again), into
-         LedgerScan until add_chunk returns True (a checkpoint whose horizon is below the threshold) or the
-         beginning is reached
+      b. read <input>.ledger partition p backwards in chunks from its end E into LedgerScan until add_chunk
+         returns True (a checkpoint whose horizon is below the threshold) or the beginning is reached; write the
+         fence (a tombstone, recovery.fence_key) to it, WAIT for it at F; F > E (a stale end): read again from
+         an end of at least F + 1
       c. plan = scan.finish(): start_offset, accounted offsets (skip them), horizon, pending entries (after the
          last checkpoint, not wholly below the committed offset) and scan_from (the checkpoint's output ends)
       d. read each output partition p forward from plan.scan_from[role] to its end, put (role, key, value) of

@@ -215,7 +215,7 @@ class PartitionReading(Protocol):
 
     def read_backward(self, topic: str, partition: int, chunk: int,
                       consume: Callable[[list[tuple[int, bytes | None, bytes | None]]], bool], *,
-                      min_end: int = 0) -> None: ...
+                      min_end: int = 0) -> int: ...
 
     def read_forward(self, topic: str, partition: int, start: int | None,
                      chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]: ...
@@ -281,27 +281,41 @@ class PartitionRecovery:
         self.on_ledger = on_ledger
 
     def plan(self, partition: int, committed: int | None) -> RecoveryPlan:
-        """Steps a-c: the backward scan of the partition's ledger partition, from the committed offset."""
+        """Steps a-c: the backward scan of the partition's ledger partition, from the committed offset.
+
+        The scan is checked against a fence (:meth:`_fence`), written after it so that a ledger that is lost gets
+        no write at all: when the fence does not land right at the end the scan read from, records lie beyond
+        that end (a stale end, or writes of another member sharing the ledger partition), and the scan is done
+        again from an end of at least the fence's."""
         topic = self.topics.ledger
         lp = self.producers.ledger.partition_for(topic, partition)
-        fence = self._fence(partition)
 
-        def read() -> LedgerScan:
-            scan = LedgerScan(self.topics.input, partition, committed, group=self.group)
-            self.reader.read_backward(topic, lp, self.chunk,
-                                      lambda recs: scan.add_chunk([LedgerRecord(*r) for r in recs]), min_end=fence)
-            return scan
+        def scan(min_end: int = 0) -> tuple[RecoveryPlan, int]:
+            def read() -> tuple[LedgerScan, int]:
+                s = LedgerScan(self.topics.input, partition, committed, group=self.group)
+                end = self.reader.read_backward(topic, lp, self.chunk,
+                                                lambda recs: s.add_chunk([LedgerRecord(*r) for r in recs]),
+                                                min_end=min_end)
+                return s, end
 
-        plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+            done, end = self.retry(f"partition {partition}: ledger scan", read)
+            return done.finish(), end
+
+        plan, end = scan()
         deadline = time.monotonic() + self.confirm_seconds
         while committed is not None and plan.checkpoint is None and time.monotonic() < deadline:
             time.sleep(0.2)  # a new leader's highwater may hide the checkpoint for a moment: read again
-            plan = self.retry(f"partition {partition}: ledger scan", read).finish()
+            plan, end = scan()
         if committed is not None and plan.checkpoint is None:
             raise LedgerLostError(
                 f"ledger {topic}[{lp}] holds no checkpoint, yet group {self.group!r} committed offset {committed} of "
                 f"{self.topics.input}[{partition}]: the ledger was deleted or recreated (or topics.ledger names "
                 f"another one); nothing is consumed or published over it")
+        fence = self._fence(partition)
+        if fence > end + 1:  # records beyond the end read: read again from the fence
+            log.info("partition %d: ledger %s[%d] read to offset %d, its fence landed at %d: read again", partition,
+                     topic, lp, end, fence - 1)
+            plan, end = scan(fence)
         if plan.foreign_groups:
             raise LedgerConflictError(
                 f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
@@ -316,9 +330,9 @@ class PartitionRecovery:
         return plan
 
     def _fence(self, partition: int) -> int:
-        """A tombstone written to the partition's ledger partition before its scan; returns the end the scan must
-        reach (the tombstone's acknowledged offset + 1).  Every entry acknowledged before it lies below it, so a
-        ledger end read below it is stale, not the end: a replicated cluster's new leader can answer fetches with a
+        """A tombstone written to the partition's ledger partition; returns the end a scan must reach (the
+        tombstone's acknowledged offset + 1).  Every entry acknowledged before it lies below it, so a ledger end
+        read below it is stale, not the end: a replicated cluster's new leader can answer fetches with a
         highwater behind its predecessor's for a moment (Apache Kafka 4.4, three nodes: 129,148 after 145,148 for
         1.45 s), which would have hidden the newest entries and made their offsets be processed again.  The key
         (:func:`fence_key`) names no entry (the scan, the audit and compaction skip tombstones)."""
