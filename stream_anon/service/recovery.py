@@ -189,8 +189,8 @@ def outputs_to_resend(pending: Sequence[LedgerEntry], present: Collection[bytes]
 
 # ---------------------------------------------------------------------------------------------- the steps
 def fence_key(topic: str, partition: int) -> bytes:
-    """The ledger key of the tombstone a recovery writes before its scan (:meth:`PartitionRecovery._fence`); no
-    entry, chunk or checkpoint key has this form."""
+    """The ledger key of the tombstone a recovery writes after its first scan (:meth:`PartitionRecovery._fence`);
+    no entry, chunk or checkpoint key has this form."""
     return f"{topic}/{partition}/fence".encode("utf-8", "backslashreplace")
 
 
@@ -283,8 +283,8 @@ class PartitionRecovery:
     def plan(self, partition: int, committed: int | None) -> RecoveryPlan:
         """Steps a-c: the backward scan of the partition's ledger partition, from the committed offset.
 
-        The scan is checked against a fence (:meth:`_fence`), written after it so that a ledger that is lost gets
-        no write at all: when the fence does not land right at the end the scan read from, records lie beyond
+        The scan is checked against a fence (:meth:`_fence`), written after it so that a ledger that is lost (or
+        another service's) gets no write at all: when the fence does not land right at the end the scan read from, records lie beyond
         that end (a stale end, or writes of another member sharing the ledger partition), and the scan is done
         again from an end of at least the fence's."""
         topic = self.topics.ledger
@@ -311,16 +311,13 @@ class PartitionRecovery:
                 f"ledger {topic}[{lp}] holds no checkpoint, yet group {self.group!r} committed offset {committed} of "
                 f"{self.topics.input}[{partition}]: the ledger was deleted or recreated (or topics.ledger names "
                 f"another one); nothing is consumed or published over it")
+        self._refuse_foreign(plan)
         fence = self._fence(partition)
         if fence > end + 1:  # records beyond the end read: read again from the fence
             log.info("partition %d: ledger %s[%d] read to offset %d, its fence landed at %d: read again", partition,
                      topic, lp, end, fence - 1)
             plan, end = scan(fence)
-        if plan.foreign_groups:
-            raise LedgerConflictError(
-                f"topics.ledger: {topic} holds checkpoints of consumer group(s) {list(plan.foreign_groups)}, this "
-                f"service is group {self.group!r}: each service (consumer group, set of output topics) needs its own "
-                f"ledger; set topics.ledger (default <input>.ledger)")
+            self._refuse_foreign(plan)
         if plan.conflicts:
             log.error("partition %d: ledger %s holds offsets in two different entries (first: %s): accounted once "
                       "here, the audit reports them", partition, topic, plan.conflicts[:3])
@@ -328,6 +325,13 @@ class PartitionRecovery:
             log.warning("partition %d: %d ledger record(s) are not entries of this partition (first: %s); skipped",
                         partition, len(plan.corrupt), plan.corrupt[0])
         return plan
+
+    def _refuse_foreign(self, plan: RecoveryPlan) -> None:
+        if plan.foreign_groups:
+            raise LedgerConflictError(
+                f"topics.ledger: {self.topics.ledger} holds checkpoints of consumer group(s) "
+                f"{list(plan.foreign_groups)}, this service is group {self.group!r}: each service (consumer group, "
+                f"set of output topics) needs its own ledger; set topics.ledger (default <input>.ledger)")
 
     def _fence(self, partition: int) -> int:
         """A tombstone written to the partition's ledger partition; returns the end a scan must reach (the
