@@ -351,10 +351,25 @@ class MainLoop:
         self.poller.seek(partition, start)
         self._start_partition(partition, plan, start)
 
+    def _rewind(self, partition: int) -> None:
+        """Move an assigned partition that is not started back to where its recovery may begin (the committed
+        offset, or the first one): records polled for it may have been dropped when its recovery failed (a
+        producer failure raised by the fence's or first checkpoint's flush ends the poll's batch); its next
+        records start the recovery again (:meth:`_start_offset` skips what the plan says is accounted)."""
+        committed = self._retry(f"partition {partition}: committed offset",
+                                lambda: self.poller.committed(partition, self.cfg.kafka.request_timeout_ms))
+        if committed is None:
+            input_topic = self.clients.topics.input
+            committed = self._retry(f"partition {partition}: first offset",
+                                    lambda: self.clients.reader.bounds(input_topic, partition)[0])
+        self.poller.seek(partition, committed)
+
     def _recreate_producers(self, error: BaseException) -> None:
         """A producer cannot deliver: abandon both producers and what they hold, create new ones, and recover
         every owned partition from the ledger now (the outputs it promised and that are missing are re-sent byte
-        for byte, records without an acknowledged entry are consumed and processed again)."""
+        for byte, records without an acknowledged entry are consumed and processed again); every other assigned
+        partition is rewound (:meth:`_rewind`: the one whose recovery the failure interrupted lost its polled
+        records)."""
         t0 = time.monotonic()
         owned = self.table.partitions()
         log.warning("%s: closing the ledger and output producers and creating new ones; partitions %s recover from "
@@ -366,9 +381,11 @@ class MainLoop:
         self.producers.recreate()
         self.main.totals.producer_recreations += 1
         assigned = self.poller.assignment()
-        for p in owned:
-            if p in assigned:
+        for p in sorted(assigned):
+            if p in owned:
                 self._recover_now(p)
+            else:
+                self._rewind(p)
         log.warning("producers created anew and partitions %s recovered from the ledger in %.2f s",
                     self.table.partitions(), time.monotonic() - t0)
 
