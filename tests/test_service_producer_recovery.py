@@ -94,6 +94,20 @@ def snapshot(cfg: Config) -> OutputSnapshot:
                            qis=[a.name for a in s.qis], sensitive=["income"], input_ends=partition_ends(bs, t.input))
 
 
+def start_main(cfg: Config, started: list[MainPath] | None = None) -> tuple[MainPath, threading.Thread, list[int]]:
+    """``MainPath.run`` in a thread (its exit code appended to the list returned), ready to consume; also
+    appended to ``started`` (for a fault that reads the service's progress)."""
+    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
+    STARTED.append(main)
+    if started is not None:
+        started.append(main)
+    rc: list[int] = []
+    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
+    th.start()
+    assert main.ready.wait(30)
+    return main, th, rc
+
+
 def drain_and_stop(main: MainPath, th: threading.Thread, rc: list[int], cfg: Config, n: int,
                    timeout_s: float) -> None:
     """Wait (deadline ``timeout_s``) until both end markers arrived and the ledger accounts ``n`` records, then stop
@@ -116,12 +130,7 @@ def test_deliveries_acknowledged_without_an_offset_recreate_the_producers_exactl
     cfg = config(bs, prefix)
     fault = Fault(cfg.topics.anon if target == "anon" else cfg.topics.ledger_topic(), nth=5)
     made = patch_clients(monkeypatch, fault)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
-    STARTED.append(main)
-    rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
-    th.start()
-    assert main.ready.wait(30)
+    main, th, rc = start_main(cfg)
     send_adult(adult_path, cfg.topics.input, bs, N)
     t = main.totals
     drain_and_stop(main, th, rc, cfg, N, 120)
@@ -154,12 +163,7 @@ def test_a_producer_that_keeps_failing_ends_the_run_with_exit_code_1(
     cfg = config(bs, prefix)
     fault = Fault(cfg.topics.anon, nth=1, times=1000)  # every batch of classes, every client
     patch_clients(monkeypatch, fault)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
-    STARTED.append(main)
-    rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
-    th.start()
-    assert main.ready.wait(30)
+    main, th, rc = start_main(cfg)
     t0 = time.monotonic()
     send_adult(adult_path, cfg.topics.input, bs, N)
     th.join(180)
@@ -183,12 +187,7 @@ class FenceFault(Fault):
     while a partition recovers, before it is owned."""
 
     def hit(self, batch: Any) -> bool:
-        if batch.topic != self.topic or self.times <= 0:
-            return False
-        if not any(k is not None and k.endswith(b"/fence") for k in batch.keys):
-            return False
-        self.times -= 1
-        return True
+        return any(k is not None and k.endswith(b"/fence") for k in batch.keys) and super().hit(batch)
 
 
 @pytest.mark.integration
@@ -207,12 +206,7 @@ def test_a_producer_failure_during_a_partitions_recovery_loses_none_of_the_recor
     patch_clients(monkeypatch, fault)
     create_topic(bs, cfg.topics.input, 2)
     send_adult(adult_path, cfg.topics.input, bs, N)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
-    STARTED.append(main)
-    rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
-    th.start()
-    assert main.ready.wait(30)
+    main, th, rc = start_main(cfg)
     t = main.totals
     drain_and_stop(main, th, rc, cfg, N, 120)
     assert fault.times == 0 and fault.lost, "the fence was not spoiled"
@@ -254,13 +248,7 @@ def test_failures_with_progress_between_them_never_end_the_run(
     times = PRODUCER_RECREATIONS_MAX + 1
     fault = FaultAfterProgress(cfg.topics.anon, times, lambda: main_ref[0].commits_made if main_ref else -1)
     patch_clients(monkeypatch, fault)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
-    main_ref.append(main)
-    STARTED.append(main)
-    rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
-    th.start()
-    assert main.ready.wait(30)
+    main, th, rc = start_main(cfg, main_ref)
     # records in chunks, each followed by the progress it makes, until every spoiled batch was spoiled (how many
     # chunks that takes depends on the machine's speed: batch sizes follow the load)
     rows = list(iter_adult_records(adult_path))
@@ -351,12 +339,7 @@ def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
         return consumer
 
     monkeypatch.setattr(consumers_module, "make_consumer", make)
-    main = MainPath(cfg, metrics=ServiceMetrics(CollectorRegistry()))
-    STARTED.append(main)
-    rc: list[int] = []
-    th = threading.Thread(target=lambda: rc.append(main.run()), daemon=True)
-    th.start()
-    assert main.ready.wait(30)
+    main, th, rc = start_main(cfg)
     send_adult(adult_path, cfg.topics.input, bs, N)
     wait_for(lambda: main.totals.control >= 2, 60, "both end markers (drained once; then the polls fail)",
              alive=th.is_alive, context=lambda: f"{main.totals}, exit {rc}")
