@@ -9,6 +9,7 @@ The main path's outputs carry no headers (docs/threat-model.md); the side paths 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 H_KIND = "kind"
 """Header of every side-path output: what it is (``krr``, ``rs``, ``blap``, ``estimates``, ``kmeans``)."""
@@ -49,3 +50,13 @@ class Delivery:
     topic: str
     partition: int
     offset: int
+
+
+class Receipt(Protocol):
+    """What a send returns (:class:`~stream_anon.kafka_io.producer.Receipt`): whether every message is
+    acknowledged, and where each was stored (``ValueError`` while one is not)."""
+
+    @property
+    def acknowledged(self) -> bool: ...
+
+    def deliveries(self) -> list[Delivery]: ...

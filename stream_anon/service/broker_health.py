@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable
 
 from kafka.errors import KafkaError
 
+from stream_anon.formats.messages import Receipt
 from stream_anon.kafka_io.clients import backoff_delays
 from stream_anon.kafka_io.lifecycle import LOOP_REQUEST_TIMEOUT_MS
 from stream_anon.kafka_io.poller import Poller
 from stream_anon.kafka_io.reader import PartitionReader
 from stream_anon.kafka_io.settings import KafkaSettings
 from stream_anon.service.broker_guard import HIGHWATER_CONFIRM_SECONDS, BrokerDataLossError, BrokerGuard
-from stream_anon.service.outbox import Receipt
 
 log = logging.getLogger(__name__)
 

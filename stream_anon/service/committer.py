@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from stream_anon.formats.messages import Receipt
 from stream_anon.kafka_io.errors import CommitFailedError
-from stream_anon.service.outbox import LedgerOutbox, Producers, Receipt, Topics
+from stream_anon.service.outbox import LedgerOutbox, Producers, Topics
 from stream_anon.service.partitions import PartitionTable
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stream_anon.formats.messages import Delivery, OutputMessage
+from stream_anon.formats.messages import OutputMessage, Receipt
 from stream_anon.formats.release import EncodedMessage
 from stream_anon.service.ledger import LedgerEntry
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
@@ -30,15 +30,6 @@ log = logging.getLogger(__name__)
 
 LEDGER_WAIT_SECONDS = 0.05
 """When a poll brought no input, how long the loop waits for ledger acknowledgements of unsent outputs."""
-
-
-class Receipt(Protocol):
-    """What a send returns (:class:`~stream_anon.kafka_io.producer.Receipt`)."""
-
-    @property
-    def acknowledged(self) -> bool: ...
-
-    def deliveries(self) -> list[Delivery]: ...
 
 
 class Sender(Protocol):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from stream_anon.formats.messages import Receipt
 from stream_anon.formats.release import EncodedMessage, message_digest
 from stream_anon.service.ledger import (
     Checkpoint,
@@ -28,7 +29,7 @@ from stream_anon.service.ledger import (
     decode_ledger_value,
 )
 from stream_anon.service.ledger_state import ChunkAssembler, PartitionOutbox, RecoveryPlan
-from stream_anon.service.outbox import Producers, Receipt, Topics
+from stream_anon.service.outbox import Producers, Topics
 from stream_anon.service.partitions import OwnedPartition, PartitionTable
 
 log = logging.getLogger(__name__)

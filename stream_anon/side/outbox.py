@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stream_anon.formats.messages import MESSAGE_FRAMING_BYTES, Delivery, OutputMessage
+from stream_anon.formats.messages import MESSAGE_FRAMING_BYTES, OutputMessage, Receipt
 
 log = logging.getLogger(__name__)
 
@@ -291,15 +291,6 @@ def missing_messages(entries: Sequence[OutboxEntry],
 
 
 # ---------------------------------------------------------------------------------------------- the protocol
-class Receipt(Protocol):
-    """What a send returns (:class:`~stream_anon.kafka_io.producer.Receipt`)."""
-
-    @property
-    def acknowledged(self) -> bool: ...
-
-    def deliveries(self) -> list[Delivery]: ...
-
-
 class Sender(Protocol):
     """The producer calls the outbox needs (:class:`~stream_anon.kafka_io.producer.OutputProducer`)."""
 
