@@ -229,7 +229,8 @@ def test_rule_and_dashboard_metrics_exist_in_the_live_exposition(stack: Stack) -
     assert not unexplained, f"declared but without samples after the replay, and not explained: {unexplained}"
     # the replay exercised the main path and the side paths: these have real samples
     for n in ("stream_anon_epsilon_per_record", "stream_anon_side_records_published_total",
-              "stream_anon_side_records_consumed_total","stream_anon_records_consumed_total", "stream_anon_records_released_total",
+              "stream_anon_side_records_consumed_total", "stream_anon_side_lifetime_cap_refusal_probability",
+              "stream_anon_records_consumed_total", "stream_anon_records_released_total",
               "stream_anon_records_dead_lettered_total", "stream_anon_release_delay_arrivals_bucket",
               "stream_anon_class_size_bucket", "stream_anon_consumer_lag", "stream_anon_buffered_records",
               "stream_anon_udp_gaps_total", "stream_anon_delay_bound_arrivals", "stream_anon_seconds_since_progress"):

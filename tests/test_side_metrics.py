@@ -10,13 +10,14 @@ import urllib.request
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 from config_support import hermetic_config
 from prometheus_client import CollectorRegistry, generate_latest
 from test_side_app import Consumer, Msg, make_app, messages
 from waiting import wait_for
 
-from stream_anon.config.side_paths import KMeansConfig, SidePathConfig
+from stream_anon.config.side_paths import KMeansConfig, PersonBudgetConfig, SidePathConfig
 from stream_anon.core.datasets import iter_records, read_adult
 from stream_anon.kafka_io.broker import free_port
 from stream_anon.metrics.definitions import ServiceMetrics
@@ -50,6 +51,34 @@ def test_side_registry_holds_every_metric_the_side_paths_update_and_nothing_else
             "stream_anon_epsilon_budget_used", "stream_anon_records_dead_lettered"} <= touched
     text = generate_latest(side_registry(metrics)).decode()
     assert not [n for n in MAIN_ONLY if n in text]
+
+
+def test_the_lifetime_cap_gauge_says_how_full_the_sketch_is(adult_path: Any) -> None:
+    """``stream_anon_side_lifetime_cap_refusal_probability{topic=<input>}`` follows the sketch as it fills: 0 when
+    empty, then the product over its rows of the share of counters charged (each record charges 3.9 of the cap
+    of 4, so a charged counter refuses a new record), rising with every flush; a small sketch (2 x 256) fills
+    within 600 records."""
+    records = list(iter_records(read_adult(adult_path)))[:600]
+    side = SidePathConfig(estimates_every=0, estimates_every_seconds=None, kmeans=KMeansConfig(enabled=False),
+                          person_budget=PersonBudgetConfig(width=256, depth=2))
+    app, _, metrics = make_app(side, Consumer())
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("stream_anon_side_lifetime_cap_refusal_probability",
+                                                 {"topic": "adult.raw"})
+
+    app.metrics.budgets()  # (at start)
+    assert gauge() == 0.0
+    seen = []
+    for lo, hi in ((0, 100), (100, 300), (300, 600)):
+        app._process(0, messages(records[lo:hi], start=lo))
+        app._flush()
+        sketch = app.processor.budgets.person
+        assert sketch is not None
+        charged = np.count_nonzero(sketch.counters > 0, axis=1) / sketch.width
+        assert gauge() == pytest.approx(float(np.prod(charged)), rel=1e-12)
+        seen.append(gauge())
+    assert 0.0 < seen[0] < seen[1] < seen[2] < 1.0, seen
 
 
 @pytest.mark.integration

@@ -212,6 +212,11 @@ class ServiceMetrics:
         self.side_outputs_refused = Counter("stream_anon_side_outputs_refused",
                                             "Side outputs refused (e.g. privacy budget exhausted)", ["topic", "reason"],
                                             registry=r)
+        self.side_lifetime_cap_refusal_probability = Gauge(
+            "stream_anon_side_lifetime_cap_refusal_probability",
+            "Probability that a record (person) never seen before is refused every side output by the lifetime-cap "
+            "sketch, which fills with the distinct records it has charged (side_paths.person_budget.width)",
+            ["topic"], registry=r)
         self.estimate_standard_error = Gauge("stream_anon_estimate_standard_error",
                                              "Standard error of a server-side estimate", ["topic", "attribute"],
                                              registry=r)

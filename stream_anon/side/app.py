@@ -622,8 +622,10 @@ class SidePathApp:
 
     def _flush(self) -> None:
         """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status); move the
-        budget's anchor to its latest write."""
+        budget's anchor to its latest write; the lifetime-cap gauge (the sketch fills as records are charged, before
+        their copies leave in a window)."""
         self._last_flush = time.monotonic()
+        self.metrics.lifetime_cap()
         stopping = self.stop_event.is_set()  # no admin request on the way out: the anchor and the read mark may lag
         if self._anchored is not None and self._anchored < self.processor.budgets.anchor and not stopping:
             self._write_anchor()

@@ -8,7 +8,8 @@ metric).
 eps metrics say what a record spends, never a sum over records (that has no privacy meaning):
 ``stream_anon_epsilon_per_record{topic}`` is the exact eps of one record on the topic (k-means: the window it is
 in); a lifetime budget (k-means with ``side_paths.kmeans.total_epsilon``) shows ``..._budget_total``, ``_used`` and
-``_remaining``.
+``_remaining``.  ``stream_anon_side_lifetime_cap_refusal_probability{topic=<input>}`` says how full the lifetime-cap
+sketch is: the chance that a record never seen before gets no side output (it fails closed as it fills).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from stream_anon.side.processor import Out, SidePathProcessor
 
 SIDE_METRICS = ("side_records_consumed", "side_records_skipped", "side_values_clipped", "side_records_published",
                 "side_outputs_refused", "epsilon_per_record", "epsilon_budget_total", "epsilon_budget_used",
-                "epsilon_budget_remaining",
+                "epsilon_budget_remaining", "side_lifetime_cap_refusal_probability",
                 "estimate_standard_error", "estimate_abs_error", "records_dead_lettered", "produce_errors",
                 "broker_reconnects")
 """The :class:`ServiceMetrics` attributes the side paths update (and export from their own process)."""
@@ -101,11 +102,23 @@ class SideMetrics:
             self.budgets()  # a window spent part of a lifetime budget
         return per_topic
 
+    def lifetime_cap(self) -> None:
+        """``side_lifetime_cap_refusal_probability{topic=<input>}``: the chance that a record (person) never seen
+        before is refused by the lifetime-cap sketch now (:meth:`PersonBudgetSketch.fresh_refusal_rate` at one
+        record's eps over all side topics: about 0.5 ms over the default 8 x 2^17 counters); no series without a
+        cap (``person_budget.cap_epsilon: null``)."""
+        p = self.processor
+        person = p.budgets.person
+        if person is not None:
+            self.m.side_lifetime_cap_refusal_probability.labels(topic=self.input_topic).set(
+                person.fresh_refusal_rate(p.epsilon_all_topics))
+
     def budgets(self) -> None:
         """``epsilon_per_record{topic}``: the exact eps one record spends on each side topic that runs (k-means:
         one window's); ``epsilon_budget_total/used/remaining{topic}``: the k-means stream budget
         (``kmeans.total_epsilon``), the only lifetime budget of a topic (none without it: each record is in one
-        window)."""
+        window); and :meth:`lifetime_cap`."""
+        self.lifetime_cap()
         p, m = self.processor, self.m
         for topic, eps in p.epsilon_per_record.items():
             m.epsilon_per_record.labels(topic=topic).set(eps)
