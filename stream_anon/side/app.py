@@ -622,8 +622,7 @@ class SidePathApp:
 
     def _flush(self) -> None:
         """Wait until every message sent is acknowledged (``acks=all``), then count them (metrics, status); move the
-        budget's anchor to its latest write; the lifetime-cap gauge (the sketch fills as records are charged, before
-        their copies leave in a window)."""
+        budget's anchor to its latest write.  The lifetime-cap gauge first (records charged, copies maybe not sent)."""
         self._last_flush = time.monotonic()
         self.metrics.lifetime_cap()
         stopping = self.stop_event.is_set()  # no admin request on the way out: the anchor and the read mark may lag
