@@ -113,7 +113,7 @@ from stream_anon.side.processor import SKIP_PERSON_BUDGET, Out, SideBatch, SideE
 from stream_anon.side.status import (
     SideStatus as SideStatus,  # (re-exported: the runtime and tests import it here)
 )
-from stream_anon.side.status import estimate_summary
+from stream_anon.side.status import estimate_summary, startup_warnings
 
 log = logging.getLogger(__name__)
 
@@ -199,28 +199,9 @@ class SidePathApp:
         return [*per_record, *([t.estimates] if per_record else []), *([t.kmeans] if p.kmeans_enabled else [])]
 
     def startup_warnings(self) -> list[str]:
-        """Lines logged as WARNING at start: seeded noise, a generated pseudonym secret, the truth tracker."""
-        out = []
-        if self.side.seed is not None:
-            out.append(f"side_paths.seed is set ({self.side.seed}) with side_paths.allow_seeded_noise: every "
-                       f"perturbation of the side paths is reproducible by whoever knows the seed; tests and "
-                       f"benchmarks only")
-        if self.side.pseudonyms and self.secret.generated:
-            out.extend(ReleaseOptions().startup_warnings(secret_generated=True))
-        if not self.side.pseudonyms:
-            m = self.side.mixing
-            out.append(f"side_paths.pseudonyms is false: side copies carry no key and no id; each topic's copies "
-                       f"leave in windows of {m.records} records (or what arrived in {m.seconds:g} s), in an "
-                       f"independent random order: within a window, positions do not join one record's copies across "
-                       f"topics, but a window holding ONE record (a quiet partition) joins them by its timestamp")
-        if self.side.person_budget.cap_epsilon is None:
-            out.append("side_paths.person_budget.cap_epsilon is null: no lifetime cap; every pass over the same "
-                       f"records (a replay, another consumer group) spends {self.processor.epsilon_all_topics!r} "
-                       f"again per record")
-        if self.side.mixing.records < 100:
-            out.append(f"side_paths.mixing.records is {self.side.mixing.records}: a copy's position places it "
-                       f"among that few records of its window")
-        return out
+        """Lines logged as WARNING at start (:func:`~stream_anon.side.status.startup_warnings`)."""
+        return startup_warnings(self.side, secret_generated=self.secret.generated,
+                                epsilon_all_topics=self.processor.epsilon_all_topics)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> int:

@@ -1,5 +1,6 @@
 """What the side paths report about themselves: :class:`SideStatus`, the running totals of one side-path member (the
-demo summary, the side process's ``/healthz`` and the tests read them), and :func:`estimate_summary`."""
+demo summary, the side process's ``/healthz`` and the tests read them), :func:`estimate_summary` and the
+:func:`startup_warnings` of a configuration."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from stream_anon.config.side_paths import SidePathConfig
+from stream_anon.formats.release import ReleaseOptions
 
 
 @dataclass
@@ -81,4 +85,28 @@ def estimate_summary(msg: dict[str, Any]) -> dict[str, Any]:
     truth = msg.get("truth")
     if truth is not None:
         out["abs_error"] = truth.get("abs_error")
+    return out
+
+
+def startup_warnings(side: SidePathConfig, *, secret_generated: bool, epsilon_all_topics: float) -> list[str]:
+    """Lines the side paths log as WARNING at start: seeded noise, a generated pseudonym secret, copies without
+    pseudonyms, no lifetime cap, small mixing windows."""
+    out = []
+    if side.seed is not None:
+        out.append(f"side_paths.seed is set ({side.seed}) with side_paths.allow_seeded_noise: every perturbation of "
+                   f"the side paths is reproducible by whoever knows the seed; tests and benchmarks only")
+    if side.pseudonyms and secret_generated:
+        out.extend(ReleaseOptions().startup_warnings(secret_generated=True))
+    if not side.pseudonyms:
+        m = side.mixing
+        out.append(f"side_paths.pseudonyms is false: side copies carry no key and no id; each topic's copies leave in "
+                   f"windows of {m.records} records (or what arrived in {m.seconds:g} s), in an independent random "
+                   f"order: within a window, positions do not join one record's copies across topics, but a window "
+                   f"holding ONE record (a quiet partition) joins them by its timestamp")
+    if side.person_budget.cap_epsilon is None:
+        out.append("side_paths.person_budget.cap_epsilon is null: no lifetime cap; every pass over the same records "
+                   f"(a replay, another consumer group) spends {epsilon_all_topics!r} again per record")
+    if side.mixing.records < 100:
+        out.append(f"side_paths.mixing.records is {side.mixing.records}: a copy's position places it among that few "
+                   f"records of its window")
     return out
