@@ -340,29 +340,27 @@ class MainLoop:
 
     def _recover_now(self, partition: int) -> None:
         """Recover an assigned partition without waiting for its records: plan, seek the consumer to its start."""
-        committed = self._retry(f"partition {partition}: committed offset",
-                                lambda: self.poller.committed(partition, self.cfg.kafka.request_timeout_ms))
-        plan = self.recovery.plan(partition, committed)
-        start = plan.start_offset
-        if start is None:
-            input_topic = self.clients.topics.input
-            start = self._retry(f"partition {partition}: first offset",
-                                lambda: self.clients.reader.bounds(input_topic, partition)[0])
+        plan = self.recovery.plan(partition, self._committed_offset(partition))
+        start = plan.start_offset if plan.start_offset is not None else self._first_offset(partition)
         self.poller.seek(partition, start)
         self._start_partition(partition, plan, start)
+
+    def _committed_offset(self, partition: int) -> int | None:
+        return self._retry(f"partition {partition}: committed offset",
+                           lambda: self.poller.committed(partition, self.cfg.kafka.request_timeout_ms))
+
+    def _first_offset(self, partition: int) -> int:
+        input_topic = self.clients.topics.input
+        return self._retry(f"partition {partition}: first offset",
+                           lambda: self.clients.reader.bounds(input_topic, partition)[0])
 
     def _rewind(self, partition: int) -> None:
         """Move an assigned partition that is not started back to where its recovery may begin (the committed
         offset, or the first one): records polled for it may have been dropped when its recovery failed (a
         producer failure raised by the fence's or first checkpoint's flush ends the poll's batch); its next
         records start the recovery again (:meth:`_start_offset` skips what the plan says is accounted)."""
-        committed = self._retry(f"partition {partition}: committed offset",
-                                lambda: self.poller.committed(partition, self.cfg.kafka.request_timeout_ms))
-        if committed is None:
-            input_topic = self.clients.topics.input
-            committed = self._retry(f"partition {partition}: first offset",
-                                    lambda: self.clients.reader.bounds(input_topic, partition)[0])
-        self.poller.seek(partition, committed)
+        committed = self._committed_offset(partition)
+        self.poller.seek(partition, committed if committed is not None else self._first_offset(partition))
 
     def _recreate_producers(self, error: BaseException) -> None:
         """A producer cannot deliver: abandon both producers and what they hold, create new ones, and recover
