@@ -67,7 +67,7 @@ def test_the_lifetime_cap_gauge_says_how_full_the_sketch_is(adult_path: Any) -> 
         return metrics.registry.get_sample_value("stream_anon_side_lifetime_cap_refusal_probability",
                                                  {"topic": "adult.raw"})
 
-    app.metrics.budgets()  # (at start)
+    app.metrics.lifetime_cap()  # (at start)
     assert gauge() == 0.0
     seen = []
     for lo, hi in ((0, 100), (100, 300), (300, 600)):

@@ -300,6 +300,7 @@ class SidePathApp:
             return rc
         self._poller.subscribe()
         self.metrics.budgets()
+        self.metrics.lifetime_cap()
         p, m = self.processor, self.side.mixing
         cap = self.side.person_budget.cap_epsilon
         log.info("side paths: consuming %s as group %r -> %s; each record spends %s over all side outputs (exact eps "

@@ -117,8 +117,7 @@ class SideMetrics:
         """``epsilon_per_record{topic}``: the exact eps one record spends on each side topic that runs (k-means:
         one window's); ``epsilon_budget_total/used/remaining{topic}``: the k-means stream budget
         (``kmeans.total_epsilon``), the only lifetime budget of a topic (none without it: each record is in one
-        window); and :meth:`lifetime_cap`."""
-        self.lifetime_cap()
+        window)."""
         p, m = self.processor, self.m
         for topic, eps in p.epsilon_per_record.items():
             m.epsilon_per_record.labels(topic=topic).set(eps)
