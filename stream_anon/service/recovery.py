@@ -285,9 +285,9 @@ class PartitionRecovery:
         """Steps a-c: the backward scan of the partition's ledger partition, from the committed offset.
 
         The scan is checked against a fence (:meth:`_fence`), written after it so that a ledger that is lost (or
-        another service's) gets no write at all: when the fence does not land right at the end the scan read from, records lie beyond
-        that end (a stale end, or writes of another member sharing the ledger partition), and the scan is done
-        again from an end of at least the fence's."""
+        another service's) gets no write at all: when the fence does not land right at the end the scan read
+        from, records lie beyond that end (a stale end, or writes of another member sharing the ledger
+        partition), and the scan is done again from an end of at least the fence's."""
         topic = self.topics.ledger
         lp = self.producers.ledger.partition_for(topic, partition)
 
