@@ -54,4 +54,15 @@ def test_bench_service_measures_every_phase_and_reports_it(broker: EmbeddedBroke
     assert lat_default["publish_p50"] >= lat_default["p50"]
     assert result["engine_alone"]["records"] == ADULT_RECORDS and result["engine_alone"]["records_per_second"] > 0
     assert "| broker | passthrough kafka-python | passthrough confluent-kafka | main path |" in proc.stdout
+    # what each run cost the whole machine (the broker included): at least what the bench's own processes took,
+    # busy cores within the machine, and the ceiling is what that CPU per record allows on its cores
+    cpus = result["cpus"]
+    for key in ("main_path", "passthrough_kafka-python", "passthrough_confluent-kafka"):
+        m = run[key]
+        assert m["machine_cpu_us_per_record"] > 0, key
+        assert 0 < m["busy_cores"] <= cpus * 1.05, key  # (jiffies: 10 ms steps)
+        assert m["cpu_ceiling_records_per_second"] == pytest.approx(cpus * 1e6 / m["machine_cpu_us_per_record"])
+        assert b["machine"][key]["machine_cpu_us_per_record"] == m["machine_cpu_us_per_record"]  # one round
+    assert "| broker | passthrough kafka-python | passthrough confluent-kafka | main path | budget at 33,000/s |" \
+        in proc.stdout
     assert f"(ticks {DEFAULT_TICK_SECONDS:g} s)" in proc.stdout

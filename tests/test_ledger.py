@@ -758,7 +758,8 @@ def test_a_run_without_crash_accounts_for_everything(stream: list[bytes]) -> Non
     assert broker.committed == len(stream)
 
 
-@pytest.mark.parametrize("landing", ["none", "all", "half"])
+@pytest.mark.parametrize("landing", [pytest.param("none", marks=pytest.mark.slow),  # (the fast tier: "half",
+                                     pytest.param("all", marks=pytest.mark.slow), "half"])  # the other two: CI)
 def test_crash_at_every_point_of_the_outbox_sequence_keeps_the_three_guarantees(stream: list[bytes],
                                                                                  landing: str) -> None:
     names = crash_points(stream)
@@ -784,6 +785,7 @@ CHUNK_BOUND = 1200
 """An output bound small enough that most class entries of the simulated stream go to the ledger in chunks."""
 
 
+@pytest.mark.slow
 def test_crash_between_the_chunks_of_large_entries_keeps_the_three_guarantees(stream: list[bytes]) -> None:
     """Class entries in chunks (a small output bound): a crash at every point, with the first half of what was in
     flight landing, leaves entries with only some of their chunks; they count for nothing (all chunks or none),
@@ -810,7 +812,8 @@ def test_crash_between_the_chunks_of_large_entries_keeps_the_three_guarantees(st
 TICK = 1.0  # seconds: 2-3 simulated batches per release tick
 
 
-@pytest.mark.parametrize("landing", ["none", "all", "half"])
+@pytest.mark.parametrize("landing", [pytest.param("none", marks=pytest.mark.slow),
+                                     pytest.param("all", marks=pytest.mark.slow), "half"])
 def test_release_ticks_keep_the_guarantees_at_every_crash_point_and_resends_keep_the_tick(stream: list[bytes],
                                                                                          landing: str) -> None:
     """Classes held for their tick (issue 19 item 4): a crash at any point loses nothing (a held class is not in
@@ -849,6 +852,7 @@ def test_a_commit_past_a_held_class_would_lose_it(stream: list[bytes], monkeypat
     assert lost > 0
 
 
+@pytest.mark.slow
 def test_crashes_during_recovery_and_repeated_crashes(stream: list[bytes]) -> None:
     names = crash_points(stream)
     failures = {}

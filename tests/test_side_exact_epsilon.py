@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 from decimal import Decimal, getcontext
 from fractions import Fraction
 from pathlib import Path
@@ -258,9 +259,14 @@ def test_kmeans_sensitivity_is_2_per_level_under_replace_one(adult: list[dict[st
 
 
 def test_the_table_of_stated_epsilons_at_the_defaults_matches_the_docs() -> None:
-    """docs/side-paths.md states the default per-record values; they are what the code states now."""
+    """docs/side-paths.md states the default per-record values; they are what the code states now, to the last
+    digits a machine's floating point can move: the bounded Laplace part is computed with numpy's exp/log, whose
+    vectorized paths depend on the CPU (measured: 1.0999999999996297 on one machine of this kind, ...293 on
+    another; the stated value stays above the exact one on each, which the tests above recompute there)."""
     plan = dataclasses.replace(CONFIGS["defaults"]).check(adult_schema())
     docs = (Path(__file__).resolve().parents[1] / "docs" / "side-paths.md").read_text(encoding="utf-8")
+    stated_in_docs = [float(x) for x in re.findall(r"\d+\.\d{9,}", docs)]
     for value in (plan.epsilon_per_role["krr"], plan.epsilon_per_role["rs"], plan.epsilon_per_role["blap"],
                   plan.epsilon_all):
-        assert repr(value) in docs, value
+        nearest = min(stated_in_docs, key=lambda d: abs(d - value))
+        assert nearest == pytest.approx(value, rel=1e-14, abs=0.0), value  # a few units in the last place

@@ -91,11 +91,49 @@ def cpu_split() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children
 
 
+def machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot, every process (the broker's too): user + nice + system +
+    irq + softirq of /proc/stat's ``cpu`` line (idle, iowait and steal left out); 0.0 where there is no /proc/stat.
+    Its delta over a run's window, per record, is what the run cost the machine, so ``cpus * 1e6 / it`` is the most
+    records per second this machine can give that run (its CPU ceiling)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_figures(records: int, seconds: float, busy_seconds: float) -> dict[str, float]:
+    """What a run of ``records`` in ``seconds`` cost the whole machine (``busy_seconds`` of
+    :func:`machine_busy_seconds` over the same window): CPU microseconds per record, busy cores on average, and the
+    CPU ceiling ``cpus * 1e6 / (us per record)`` (records/s with every core busy on this work alone)."""
+    us = busy_seconds / max(1, records) * 1e6
+    cpus = os.cpu_count() or 1
+    return {"machine_cpu_us_per_record": us, "busy_cores": busy_seconds / seconds if seconds > 0 else 0.0,
+            "cpu_ceiling_records_per_second": cpus * 1e6 / us if us > 0 else float("nan")}
+
+
+MACHINE_FIGURES = ("machine_cpu_us_per_record", "busy_cores", "cpu_ceiling_records_per_second")
+
+
+def _machine_note(run: dict[str, Any]) -> str:
+    """``; the machine ...`` of a run's line: what it cost the whole machine, the broker included."""
+    if not run.get("machine_cpu_us_per_record"):
+        return ""
+    return (f"; the whole machine (broker included): {run['machine_cpu_us_per_record']:.1f} CPU us/record, "
+            f"{run['busy_cores']:.2f} cores busy, CPU ceiling {run['cpu_ceiling_records_per_second']:,.0f} records/s")
+
+
 def _metered(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()`` with its CPU microseconds per record added (``cpu_us_per_record``) unless it measured them."""
+    """``fn()`` with its CPU microseconds per record added (``cpu_us_per_record``) unless it measured them, and
+    what it cost the machine (:func:`machine_figures`) when it measured ``machine_busy_seconds`` over its window."""
     c0 = cpu_seconds()
     out = fn()
     out.setdefault("cpu_us_per_record", (cpu_seconds() - c0) / max(1, out["records"]) * 1e6)
+    if "machine_busy_seconds" in out:
+        out.update(machine_figures(out["records"], out["seconds"], out["machine_busy_seconds"]))
     return out
 
 
@@ -115,13 +153,14 @@ def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int
     producer = KafkaProducer(bootstrap_servers=bs, acks="all", linger_ms=linger_ms, batch_size=262144)
     seen = 0
     t0: float | None = None
+    m0 = 0.0
     last_commit = time.monotonic()
     positions: dict[TopicPartition, int] = {}
     try:
         while seen < n:
             batch = consumer.poll(timeout_ms=200, max_records=max_records)
             if batch and t0 is None:
-                t0 = time.perf_counter()
+                t0, m0 = time.perf_counter(), machine_busy_seconds()
             for tp, recs in batch.items():
                 for r in recs:
                     if not r.value:
@@ -137,10 +176,11 @@ def passthrough(bs: str, topic: str, out_topic: str, n: int, *, max_records: int
         producer.flush()
         consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in positions.items()})
         seconds = time.perf_counter() - (t0 or time.perf_counter())
+        busy = machine_busy_seconds() - m0
     finally:
         consumer.close()
         producer.close()
-    return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds}
+    return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds, "machine_busy_seconds": busy}
 
 
 def passthrough_confluent(bs: str, topic: str, out_topic: str, n: int, *, max_records: int,
@@ -156,6 +196,7 @@ def passthrough_confluent(bs: str, topic: str, out_topic: str, n: int, *, max_re
     consumer.subscribe([topic])
     seen = 0
     t0: float | None = None
+    m0 = 0.0
     last_commit = time.monotonic()
     positions: dict[int, int] = {}
     produce, loads, dumps = producer.produce, json.loads, json.dumps
@@ -173,7 +214,7 @@ def passthrough_confluent(bs: str, topic: str, out_topic: str, n: int, *, max_re
                 first = consumer.poll(0.2)
                 msgs = [] if first is None else [first, *consumer.consume(max_records - 1, 0)]
             if msgs and t0 is None:
-                t0 = time.perf_counter()
+                t0, m0 = time.perf_counter(), machine_busy_seconds()
             for m in msgs:
                 if m.error() is not None:
                     continue
@@ -194,9 +235,10 @@ def passthrough_confluent(bs: str, topic: str, out_topic: str, n: int, *, max_re
                 last_commit = time.monotonic()
         commit()
         seconds = time.perf_counter() - (t0 or time.perf_counter())
+        busy = machine_busy_seconds() - m0
     finally:
         consumer.close()
-    return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds}
+    return {"records": seen, "seconds": seconds, "records_per_second": seen / seconds, "machine_busy_seconds": busy}
 
 
 def _config(bs: str, prefix: str, args: argparse.Namespace, input_topic: str | None = None,
@@ -239,10 +281,12 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
         t0: float | None = None
         recovered_at: float | None = None
         cpu0 = (0.0, 0.0)
+        m0 = 0.0
         while True:
             if t0 is None and t.consumed > 0:
                 t0 = time.perf_counter()
                 cpu0 = cpu_split()  # (the worker's start-up is not counted, nor the first batch: as the time)
+                m0 = machine_busy_seconds()
             if recovered_at is None and len(main.states) >= cfg.topics.partitions:
                 recovered_at = time.time()
             done = t.released + t.suppressed + t.dead_lettered
@@ -254,13 +298,14 @@ def main_path_run(cfg: Config, n: int, *, during: Callable[[], None] | None = No
             time.sleep(0.002)
         seconds = time.perf_counter() - (t0 or time.perf_counter())
         cpu1 = cpu_split()
+        busy = machine_busy_seconds() - m0
     finally:
         main.stop_event.set()
         th.join(30)
     per = 1e6 / max(1, done)
     return {"records": done, "seconds": seconds, "records_per_second": done / seconds if seconds else 0.0,
             "cpu_us_per_record": (sum(cpu1) - sum(cpu0)) * per, "cpu_us_main_process": (cpu1[0] - cpu0[0]) * per,
-            "cpu_us_workers": (cpu1[1] - cpu0[1]) * per,
+            "cpu_us_workers": (cpu1[1] - cpu0[1]) * per, "machine_busy_seconds": busy,
             "released": t.released, "suppressed": t.suppressed, "gt_loss": t.gt_loss, "classes": t.classes,
             "recovered_at": recovered_at}
 
@@ -311,14 +356,16 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
     for rep in range(args.repeat):
         run: dict[str, Any] = {}
         for client in PASSTHROUGHS:
+            out_topic = f"{prefix}.pass{rep}{client[0]}"
+            ensure_topic(bs, out_topic, args.partitions)  # (a broker's auto-created topic may have fewer partitions)
             pt = _metered(functools.partial(
-                pass_fns[client], bs, cfg.topics.input, f"{prefix}.pass{rep}{client[0]}", n,
+                pass_fns[client], bs, cfg.topics.input, out_topic, n,
                 max_records=args.max_records, commit_interval_s=args.commit_interval_ms / 1000.0,
                 linger_ms=args.linger_ms))
             run[f"passthrough_{client}"] = pt
             print(f"[{name} {rep + 1}/{args.repeat}] passthrough {client} (consume, JSON decode/encode, produce, "
                   f"commit): {pt['records']:,} records in {pt['seconds']:.2f} s = {pt['records_per_second']:,.0f} "
-                  f"records/s, {pt['cpu_us_per_record']:.1f} CPU us/record")
+                  f"records/s, {pt['cpu_us_per_record']:.1f} CPU us/record{_machine_note(pt)}")
         for i, client in enumerate(consumers):
             rcfg = _config(bs, f"{prefix}r{rep}c{i}", args, input_topic=cfg.topics.input,
                            consumer_client=client)  # fresh group and outputs
@@ -332,7 +379,8 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
                   f"workers={rcfg.service.workers}, consumer {rcfg.kafka.consumer_client}, producer "
                   f"{rcfg.kafka.producer_client}): {mp['records']:,} records in {mp['seconds']:.2f} s = "
                   f"{mp['records_per_second']:,.0f} records/s, {mp['cpu_us_per_record']:.1f} CPU us/record "
-                  f"(main process {mp['cpu_us_main_process']:.1f}, pipeline workers {mp['cpu_us_workers']:.1f}) "
+                  f"(main process {mp['cpu_us_main_process']:.1f}, pipeline workers {mp['cpu_us_workers']:.1f})"
+                  f"{_machine_note(mp)} "
                   f"(released {mp['released']:,}, suppressed "
                   f"{mp['suppressed']:,}, GT loss {mp['gt_loss']:.4f}); / passthrough "
                   + ", ".join(f"{c} {r:.2f}" for c, r in ratios.items()))
@@ -342,6 +390,7 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
     cpu = {key: _median([r[key]["cpu_us_per_record"] for r in runs]) for key in keys}
     ratios = {c: _median([r["main_path"]["records_per_second"] / r[f"passthrough_{c}"]["records_per_second"]
                           for r in runs]) for c in PASSTHROUGHS}
+    machine = {key: {m: _median([r[key][m] for r in runs]) for m in MACHINE_FIGURES} for key in keys}
     for client in consumers[1:]:
         rates[f"main_path_{client}"] = _median([r[f"main_path_{client}"]["records_per_second"] for r in runs])
         print(f"[{name}] main path with consumer {client}: median {rates[f'main_path_{client}']:,.0f} records/s")
@@ -350,7 +399,7 @@ def bench_broker(bs: str, name: str, args: argparse.Namespace, adult: str) -> di
           f"records/s; main path / passthrough: kafka-python {ratios['kafka-python']:.2f}, confluent-kafka "
           f"{ratios['confluent-kafka']:.2f}; CPU us/record (this process and the pipeline worker, not the broker): "
           + ", ".join(f"{k.removeprefix('passthrough_')} {v:.1f}" for k, v in cpu.items()))
-    results.update(runs=runs, rates=rates, ratios=ratios, cpu_us_per_record=cpu, consumer_client=cfg.kafka.consumer_client,
+    results.update(runs=runs, rates=rates, ratios=ratios, cpu_us_per_record=cpu, machine=machine, consumer_client=cfg.kafka.consumer_client,
                    producer_client=cfg.kafka.producer_client, workers=cfg.service.workers)
     if not args.skip_latency:
         ticks = latency_ticks(cfg, args)
@@ -463,7 +512,34 @@ def summary_table(all_results: list[dict[str, Any]]) -> str:
         cpu = r["cpu_us_per_record"]
         cpu_lines.append(f"| {r['broker']} | {cpu['passthrough_kafka-python']:.1f} | "
                          f"{cpu['passthrough_confluent-kafka']:.1f} | {cpu['main_path']:.1f} |")
-    return "\n".join(lines + cpu_lines)
+    return "\n".join(lines + cpu_lines + machine_table(all_results))
+
+
+def machine_table(all_results: list[dict[str, Any]]) -> list[str]:
+    """Lines of the table of what each run cost the whole machine, the broker included (:func:`machine_figures`),
+    beside the CPU per record the issue's goal for the main path allows: at most ``cpus * 1e6 / rate`` us for a rate
+    of 33,000 records/s and for 0.8 of the confluent-kafka passthrough's rate (both with every core busy on it)."""
+    cpus = os.cpu_count() or 1
+    out = ["", f"What each run cost the whole machine ({cpus} CPUs; the broker included): CPU us per record, cores "
+           "busy, CPU ceiling = CPUs x 1e6 / (us per record); last columns: the most CPU per record the main path may "
+           "take for 33,000 records/s and for 0.8 of the confluent-kafka passthrough:", "",
+           "| broker | passthrough kafka-python | passthrough confluent-kafka | main path | budget at 33,000/s | "
+           "budget at 0.8 x confluent |", "|---|---|---|---|---|---|"]
+
+    def cell(m: dict[str, float]) -> str:
+        return (f"{m['machine_cpu_us_per_record']:.1f} us, {m['busy_cores']:.2f} cores, "
+                f"ceiling {m['cpu_ceiling_records_per_second']:,.0f}/s")
+
+    for r in all_results:
+        m = r.get("machine") or {}
+        if not all(m.get(k, {}).get("machine_cpu_us_per_record") for k in ("main_path", *(
+                f"passthrough_{c}" for c in PASSTHROUGHS))):
+            continue  # no /proc/stat here
+        goal = 0.8 * r["rates"]["passthrough_confluent-kafka"]
+        out.append(f"| {r['broker']} | {cell(m['passthrough_kafka-python'])} | "
+                   f"{cell(m['passthrough_confluent-kafka'])} | {cell(m['main_path'])} | "
+                   f"{cpus * 1e6 / 33000:.1f} us | {cpus * 1e6 / goal:.1f} us |")
+    return out if len(out) > 5 else []
 
 
 def main(argv: list[str] | None = None) -> int:
