@@ -308,6 +308,7 @@ def test_summarize_release_frame_missing_column() -> None:
         summarize_release_frame(pd.DataFrame({"record_id": ["a"], "class_id": ["c"], "gender": ["*"]}), s, k=1)
 
 
+@pytest.mark.slow  # (exact arithmetic over all of ADULT: CI's full suite; the small exact-equals-float cases stay fast)
 def test_adult_sorted_partition_summary_exact_equals_float(adult_path: Path) -> None:
     """A 32k-record release (ADULT sorted and cut into classes of 10): float == exact, identities hold."""
     s = adult_schema()

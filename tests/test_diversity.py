@@ -193,6 +193,7 @@ def test_entropy_l_is_monotone_in_l(counts: list[int], lo: float, step: float) -
         assert req(model="entropy", l=lo).check(x)
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 @settings(max_examples=500, deadline=None)
 @given(model=models, rows=st.lists(counts_lists, min_size=1, max_size=6), data=st.data())
 def test_plain_python_check_equals_the_vectorized_check(model: DiversityRequirement, rows: list[list[int]],

@@ -53,6 +53,7 @@ def adult_head(adult_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 # ------------------------------------------------------------------ the public release
+@pytest.mark.slow  # (all of ADULT through anonymize: CI's full suite; not in the fast tier, for its time budget)
 def test_anonymize_writes_public_release_meta_and_summary(adult_path: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     out, summ = tmp_path / "out.csv", tmp_path / "sum.json"
@@ -93,6 +94,7 @@ def test_anonymize_writes_public_release_meta_and_summary(adult_path: Path, tmp_
     assert "VIOLATIONS" in printed and "k=11" in printed
 
 
+@pytest.mark.slow  # (three anonymize runs: CI's full suite; not in the fast tier, for its time budget)
 def test_public_order_is_not_release_order_and_ids_are_not_reproducible(adult_head: Path, tmp_path: Path) -> None:
     common = ["anonymize", "--input", str(adult_head), "--k", "5", "--delta", "200", "--beta", "20", "--mu", "20"]
     assert main([*common, "--output", str(tmp_path / "ids.csv"), "--keep-ids"]) == 0

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -98,9 +99,26 @@ def covers(schema: Schema, gen: Mapping[str, str], rec: Mapping[str, Any]) -> bo
     return True
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST_EXAMPLES, FULL_EXAMPLES = 100, 400
+"""Examples of the property in the fast tier, and in CI's full suite (the ``slow`` twin below)."""
+
+
+@settings(max_examples=FAST_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_releases_are_k_anonymous_cover_and_account_for_every_record(scenario: Any) -> None:
+    check_releases(scenario)
+
+
+@pytest.mark.slow
+@settings(max_examples=FULL_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_releases_are_k_anonymous_cover_and_account_for_every_record_on_more_examples(scenario: Any) -> None:
+    check_releases(scenario)
+
+
+def check_releases(scenario: Any) -> None:
+    """Every record exactly once, within the delay bound, in classes of k individuals (and l values) whose one
+    generalization covers them; the same releases again from the same seed."""
     schema, cfg, recs = scenario
     out = run(schema, cfg, recs)
     # every record exactly once

@@ -109,6 +109,7 @@ def _custom_schema(tmp_path: Path) -> Schema:
     return Schema.load(path)
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 @pytest.mark.timeout(300)
 def test_fuzz_custom_schema_decoder(tmp_path: Path) -> None:
     schema = _custom_schema(tmp_path)

@@ -43,6 +43,7 @@ def engine_classes(rows: list[dict[str, Any]], n: int, **cfg: Any) -> list[tuple
 _CLASSES: dict[tuple[Any, ...], list[tuple[Any, list[Any]]]] = {}
 
 
+@pytest.mark.slow  # (all of ADULT: CI's full suite; not in the fast tier, for its time budget)
 def test_every_engine_class_on_all_of_adult_passes(adult_rows: list[dict[str, Any]]) -> None:
     classes = engine_classes(adult_rows, len(adult_rows))
     gate = PrePublishGate(adult_schema(), k=10)

@@ -53,9 +53,8 @@ def gated(rows: list[dict[str, Any]], n: int, gate: PrePublishGate, **cfg: Any) 
     return out
 
 
-@pytest.mark.parametrize("req", [T2, pytest.param(ENTROPY, marks=pytest.mark.slow),  # (slow: the fast tier keeps
-                                 pytest.param(RECURSIVE, marks=pytest.mark.slow)],  # the defaults' model; CI's
-                         ids=["t0.2+l2", "entropy1.5", "recursive4,2"])  # full suite runs all three)
+@pytest.mark.slow  # (all of ADULT, three models: CI's full suite; the fast tier has the gate's units below)
+@pytest.mark.parametrize("req", [T2, ENTROPY, RECURSIVE], ids=["t0.2+l2", "entropy1.5", "recursive4,2"])
 def test_engine_classes_on_all_of_adult_pass_the_gate(adult_rows: list[dict[str, Any]],
                                                       req: DiversityRequirement) -> None:
     gate = PrePublishGate(adult_schema(), k=10, requirement=req, reference_every=1000)

@@ -812,8 +812,8 @@ def test_crash_between_the_chunks_of_large_entries_keeps_the_three_guarantees(st
 TICK = 1.0  # seconds: 2-3 simulated batches per release tick
 
 
-@pytest.mark.parametrize("landing", [pytest.param("none", marks=pytest.mark.slow),
-                                     pytest.param("all", marks=pytest.mark.slow), "half"])
+@pytest.mark.slow  # (the fast tier: the crash-at-every-point test above, landing "half"; CI runs all three here)
+@pytest.mark.parametrize("landing", ["none", "all", "half"])
 def test_release_ticks_keep_the_guarantees_at_every_crash_point_and_resends_keep_the_tick(stream: list[bytes],
                                                                                          landing: str) -> None:
     """Classes held for their tick (issue 19 item 4): a crash at any point loses nothing (a held class is not in
@@ -949,7 +949,7 @@ def test_a_ledger_shared_by_two_consumer_groups_is_reported() -> None:
     assert box.checkpoint(3).group == "svc-a"
 
 
-@pytest.mark.parametrize("stale", [3, 40])
+@pytest.mark.parametrize("stale", [3, pytest.param(40, marks=pytest.mark.slow)])  # (40: CI's full suite)
 @pytest.mark.parametrize("landing", ["none", "all"])
 def test_a_stale_ledger_end_at_recovery_hides_no_entry(stream: list[bytes], landing: str, stale: int) -> None:
     """A recovery whose first read of the ledger's end is behind the entries acknowledged before it (a new

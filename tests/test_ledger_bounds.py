@@ -9,6 +9,7 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,7 @@ def test_a_class_of_any_size_and_id_length_fits_the_bound_whole_or_in_chunks(siz
     assert not rep.duplicates and not rep.corrupt and not rep.incomplete and rep.accounted == size
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(size=st.integers(min_value=1, max_value=300), id_len=st.integers(min_value=1, max_value=60_000),
        bound=st.integers(min_value=16_384, max_value=200_000), reason=st.sampled_from(["delay_bound", "gate"]),

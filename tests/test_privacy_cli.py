@@ -36,6 +36,7 @@ def _check_within_se(est: dict, column: str, adult: pd.DataFrame, z: float = 4.0
     assert entry["truth"]["counts"] == [float(truth.get(c, 0)) for c in entry["categories"]]
 
 
+@pytest.mark.slow  # (all of ADULT through the command: CI's full suite; not in the fast tier, for its time budget)
 def test_krr_perturb_and_estimate(adult_path: Path, adult: pd.DataFrame, tmp_path: Path) -> None:
     out, summary, est = tmp_path / "krr.csv", tmp_path / "krr.json", tmp_path / "est.json"
     cols = "sex,race,workclass,education"
@@ -84,6 +85,7 @@ def test_perturb_writes_the_public_layout_by_default(adult_path: Path, adult: pd
     _check_within_se(json.loads(est.read_text()), "sex", adult)
 
 
+@pytest.mark.slow  # (all of ADULT through the command: CI's full suite; the fast tier has its units)
 def test_rs_l_no_repeat_perturb_and_estimate(adult_path: Path, adult: pd.DataFrame, tmp_path: Path) -> None:
     out, summary, est = tmp_path / "rsl.csv", tmp_path / "rsl.json", tmp_path / "est.json"
     assert _run("perturb", "--mechanism", "rs-l", "--epsilon", "1.5", "--l", "3", "--variant", "no-repeat",
@@ -142,6 +144,7 @@ def test_bad_arguments_exit_2_with_message(argv: list[str], fragment: str, adult
     assert fragment in capsys.readouterr().err
 
 
+@pytest.mark.slow  # (all of ADULT through the command: CI's full suite; the fast tier has its units)
 def test_blap_numeric_and_categorical(adult_path: Path, adult: pd.DataFrame, tmp_path: Path) -> None:
     out, est = tmp_path / "blap.csv", tmp_path / "est.json"
     assert _run("perturb", "--mechanism", "blap", "--epsilon", "1", "--input", str(adult_path),

@@ -164,6 +164,7 @@ def test_generalization_levels_follow_the_loss_formulas() -> None:
     assert by["education"].unparsed == 1 and by["age"].unparsed == 0
 
 
+@pytest.mark.slow  # (an engine run on all of ADULT, then the report: CI's full suite; the sections' units stay fast)
 def test_missing_optional_inputs_are_not_shown_and_named_in_the_summary(adult_path: Path, tmp_path: Path) -> None:
     """Issue 20: every section shown is filled; a section without its input is left out, and the summary says
     which and how to produce it."""
@@ -213,6 +214,7 @@ def test_released_frame_has_the_documented_columns(adult_path: Path, tmp_path: P
     assert on_disk["record_id"].is_unique
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 def test_scaleout_partitioner_and_loss_per_partition(adult_path: Path) -> None:
     from kafka.partitioner.default import DefaultPartitioner
 

@@ -265,6 +265,7 @@ def _synthetic(tick_ms: int, seed: int = 0, n: int = 6000, delta: int = 200, eve
     return classes, arrivals
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 def test_the_attack_pins_the_expiring_member_without_ticks_and_not_with_them() -> None:
     """The scoring can fail: published 5 ms after the trigger, the record delta arrivals before the latest arrival
     names the expiring member of every release and the QI attack pins most; with ticks of 100 arrivals the position attack hits at most once per tick, no window pins more than guessing

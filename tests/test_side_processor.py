@@ -288,6 +288,7 @@ def test_same_seed_same_outputs(adult: list[dict[str, Any]]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ estimates
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 def test_estimates_converge_on_adult_within_4_se(adult: list[dict[str, Any]]) -> None:
     """All of ADULT, fixed seed: every category count of every frequency estimate within 4 SE of the truth,
     every bounded-Laplace mean within 4 SE plus the estimator's documented boundary bias bound."""

@@ -189,6 +189,7 @@ class CountingGenerator:
         return counted
 
 
+@pytest.mark.slow  # (CI's full suite; not in the fast tier, for its time budget)
 def test_generation_is_vectorized_per_batch_and_the_throughput_is_printed(shipped: Marginals) -> None:
     """What makes the generator fast, asserted without a clock: a fixed number of vectorized draws per batch of
     8,192 records (one ``choice`` per drawn attribute), never one per record.  The rate is printed, not asserted

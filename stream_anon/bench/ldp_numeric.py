@@ -369,14 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     print(f"# stream-anon bench ldp-numeric{' --quick' if quick else ''} (runs = {runs}, seed = {args.seed})\n")
-    if "speed" not in args.skip:
-        _speed(quick, args.seed)
-    if "exact" not in args.skip:
-        _exact(quick)
-    if "reachability" not in args.skip:
-        _reachability(quick, args.seed)
     df = None
-    if {"mean", "select", "kmeans"} - set(args.skip):
+    if {"mean", "select", "kmeans"} - set(args.skip):  # read ADULT first: a bad path is an error at once
         from stream_anon.core.datasets import DatasetError
 
         try:
@@ -384,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         except DatasetError as e:
             print(f"error: {e}")
             return 2
+    if "speed" not in args.skip:
+        _speed(quick, args.seed)
+    if "exact" not in args.skip:
+        _exact(quick)
+    if "reachability" not in args.skip:
+        _reachability(quick, args.seed)
     if "mean" not in args.skip:
         _mean_estimators(df, quick, args.seed)
     if "select" not in args.skip:

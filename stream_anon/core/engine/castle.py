@@ -71,9 +71,11 @@ def diversity_requirement(schema: Schema, config: EngineConfig) -> DiversityRequ
 class _Work:
     """Preallocated scratch arrays of the hot path (no allocation per record)."""
 
-    def __init__(self, cap: int, width: int, jc: int):
+    def __init__(self, cap: int, width: int, jn: int, jc: int):
         self.union = np.empty((cap, width))
-        self.r = np.empty((cap, 1 + jc))
+        self.num = np.empty((cap, jn))  # min x + (-max x) of each union box
+        self.cat = np.empty((cap, jc))  # flat loss-table index of each union box, then its table entry
+        self.idx = np.empty((cap, jc), dtype=np.intp)
 
 
 class Engine:
@@ -167,10 +169,9 @@ class Engine:
         self._plain = not persons and not self.use_l and not self.policy.age_pressure
         self._beta = config.beta
         self._score_table = self.enc.score_table
-        self._q = self.enc.q
-        self._ones_c = self.enc.ones_c
+        self._neg_inv = self.enc.neg_inv_range
         self._jc = self.enc.jc
-        self._work = _Work(self.gamma.capacity, self.enc.width, self.enc.jc)
+        self._work = _Work(self.gamma.capacity, self.enc.width, self.enc.jn, self.enc.jc)
 
     # ================================================================== public API
     @property
@@ -295,21 +296,22 @@ class Engine:
     def _best_selection(self, s: int, v: np.ndarray) -> int:
         """Choose t's cluster by minimum enlargement and add t to it; -1 means: open a new cluster.
 
-        For every open cluster at once: U = min(box, v) (the union box), L(C + t) = score(U) (one matmul, one
-        gather), E = wnew * L(C + t) - base (see ClusterStore).  SetCmin = argmin E; a member with
-        L(C + t) <= tau is taken; if none: a new cluster while |Gamma| < beta, else a minimal one.
+        For every open cluster at once: U = min(box, v) (the union box), L(C + t) = score(U) (as
+        ``QIEncoder.score_rows``: numpy sums, no BLAS), E = wnew * L(C + t) - base (see ClusterStore).  SetCmin =
+        argmin E; a member with L(C + t) <= tau is taken; if none: a new cluster while |Gamma| < beta, else a
+        minimal one.
         """
         g = self.gamma
         if g.n_active == 0:
             return -1
-        w = self._work
+        w, enc = self._work, self.enc
         u = np.minimum(g.box, v, out=w.union)
-        r = np.matmul(u, self._q, out=w.r)
+        num = np.add(u[:, enc.sx], u[:, enc.snx], out=w.num)
+        num *= self._neg_inv
+        ls = num.sum(axis=1)
         if self._jc:
-            ls = self._score_table.take(r[:, 1:].astype(np.intp)) @ self._ones_c
-            ls += r[:, 0]
-        else:
-            ls = r[:, 0].copy()
+            w.idx[...] = np.subtract(u[:, enc.sa], u[:, enc.snb], out=w.cat)
+            ls += self._score_table.take(w.idx, out=w.cat).sum(axis=1)
         e = g.wnew * ls
         e -= g.base
         if self._age_weight > 0.0:  # UBDSA-style age pressure

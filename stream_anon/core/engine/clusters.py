@@ -15,10 +15,13 @@ record exactly when ``box <= v`` elementwise.  The loss of a box, summed over th
 
     L = sum_a (max x_a - min x_a) / (U_a - L_a)  +  sum_a table[min A_a + max B_a]
 
-which is one matrix product ``box @ Q`` (column 0: the numeric sum with weights -1/(U_a - L_a) on both x
-and -x; columns 1..Jc: the flat table index min A - (-max B)) and one gather.  Scoring a record against every
-open cluster is therefore: one ``minimum``, one ``matmul``, one ``take``, one ``matmul`` -- no loop over
-clusters or attributes.  Indices are small integers held exactly in float64.
+computed as ``(min x + (-max x)) * (-1/(U_a - L_a))`` summed by numpy (the numeric part) and one gather at the
+flat table index ``min A - (-max B)``, summed by numpy (the categorical part).  Scoring a record against every
+open cluster is therefore a few whole-array operations -- no loop over clusters or attributes.  Indices are
+small integers held exactly in float64.  No BLAS call: a matrix product's summation order depends on the CPU
+kernel BLAS picks (measured: OpenBLAS's Haswell and Sandybridge kernels gave the LM-scored engine different
+release streams on ADULT, ties in the enlargement broken differently), numpy's own sums do not, so the same
+input and seed give the same releases on every machine.
 """
 
 from __future__ import annotations
@@ -79,14 +82,7 @@ class QIEncoder:
         self.sa = slice(jn, self.j)
         self.snx = slice(self.j, self.j + jn)
         self.snb = slice(self.j + jn, 2 * self.j)
-        q = np.zeros((self.width, 1 + jc))
-        q[self.sx, 0] = -self.num_inv_range
-        q[self.snx, 0] = -self.num_inv_range
-        for c in range(jc):
-            q[jn + c, 1 + c] = 1.0
-            q[self.j + jn + c, 1 + c] = -1.0
-        self.q = q
-        self.ones_c = np.ones(jc)
+        self.neg_inv_range = -self.num_inv_range  # (min x + (-max x)) * this = (max - min) / (U - L)
         # per-node Python tables for describing one released box without numpy scalar access
         self._lca = [h.lca.tolist() for h in self.hierarchies]
         self._node_label = [h.node_labels for h in self.hierarchies]
@@ -134,11 +130,12 @@ class QIEncoder:
 
     # ------------------------------------------------------------------ boxes
     def score_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Scoring loss summed over QIs of boxes given as layout rows (shape ``(..., 2J)``)."""
-        r = rows @ self.q
-        out = r[..., 0]
+        """Scoring loss summed over QIs of boxes given as layout rows (shape ``(..., 2J)``): the numeric part
+        ``sum_a (max x_a - min x_a) / (U_a - L_a)`` plus the categorical table entries at ``min A - (-max B)``
+        (numpy's sums, no BLAS: the same result on every CPU)."""
+        out: np.ndarray = ((rows[..., self.sx] + rows[..., self.snx]) * self.neg_inv_range).sum(axis=-1)
         if self.jc:
-            out = out + self.score_table.take(r[..., 1:].astype(np.intp)) @ self.ones_c
+            out += self.score_table.take((rows[..., self.sa] - rows[..., self.snb]).astype(np.intp)).sum(axis=-1)
         return out
 
     def describe(self, box: np.ndarray) -> tuple[dict[str, str], float, float, list[int]]:
