@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from stream_anon.core.diversity import DiversityParameterError, DiversityRequirement
-from stream_anon.core.engine.clusters import ClusterStore, OmegaStore, QIEncoder
+from stream_anon.core.engine.clusters import ClusterStore, OmegaStore, QIEncoder, ScoreScratch
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
 from stream_anon.core.engine.leftover import LeftoverCluster
 from stream_anon.core.engine.policies import AdaptiveDelay, Policy, WallClockBound
@@ -69,13 +69,11 @@ def diversity_requirement(schema: Schema, config: EngineConfig) -> DiversityRequ
 
 
 class _Work:
-    """Preallocated scratch arrays of the hot path (no allocation per record)."""
+    """Preallocated scratch arrays of the hot path (no allocation per record but the scores)."""
 
     def __init__(self, cap: int, width: int, jn: int, jc: int):
         self.union = np.empty((cap, width))
-        self.num = np.empty((cap, jn))  # min x + (-max x) of each union box
-        self.cat = np.empty((cap, jc))  # flat loss-table index of each union box, then its table entry
-        self.idx = np.empty((cap, jc), dtype=np.intp)
+        self.score = ScoreScratch((cap,), jn, jc)
 
 
 class Engine:
@@ -168,9 +166,6 @@ class Engine:
         self._early_release = self.policy.early_release
         self._plain = not persons and not self.use_l and not self.policy.age_pressure
         self._beta = config.beta
-        self._score_table = self.enc.score_table
-        self._neg_inv = self.enc.neg_inv_range
-        self._jc = self.enc.jc
         self._work = _Work(self.gamma.capacity, self.enc.width, self.enc.jn, self.enc.jc)
 
     # ================================================================== public API
@@ -304,14 +299,9 @@ class Engine:
         g = self.gamma
         if g.n_active == 0:
             return -1
-        w, enc = self._work, self.enc
+        w = self._work
         u = np.minimum(g.box, v, out=w.union)
-        num = np.add(u[:, enc.sx], u[:, enc.snx], out=w.num)
-        num *= self._neg_inv
-        ls = num.sum(axis=1)
-        if self._jc:
-            w.idx[...] = np.subtract(u[:, enc.sa], u[:, enc.snb], out=w.cat)
-            ls += self._score_table.take(w.idx, out=w.cat).sum(axis=1)
+        ls = self.enc.score_rows(u, w.score)
         e = g.wnew * ls
         e -= g.base
         if self._age_weight > 0.0:  # UBDSA-style age pressure

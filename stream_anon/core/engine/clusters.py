@@ -129,13 +129,18 @@ class QIEncoder:
         return v
 
     # ------------------------------------------------------------------ boxes
-    def score_rows(self, rows: np.ndarray) -> np.ndarray:
+    def score_rows(self, rows: np.ndarray, scratch: ScoreScratch | None = None) -> np.ndarray:
         """Scoring loss summed over QIs of boxes given as layout rows (shape ``(..., 2J)``): the numeric part
         ``sum_a (max x_a - min x_a) / (U_a - L_a)`` plus the categorical table entries at ``min A - (-max B)``
-        (numpy's sums, no BLAS: the same result on every CPU)."""
-        out: np.ndarray = ((rows[..., self.sx] + rows[..., self.snx]) * self.neg_inv_range).sum(axis=-1)
+        (numpy's sums, no BLAS: the same result on every CPU).  ``scratch``: preallocated arrays of the rows'
+        shape (the engine's hot path); without it they are allocated for this call."""
+        s = scratch if scratch is not None else ScoreScratch(rows.shape[:-1], self.jn, self.jc)
+        num = np.add(rows[..., self.sx], rows[..., self.snx], out=s.num)
+        num *= self.neg_inv_range
+        out: np.ndarray = num.sum(axis=-1)
         if self.jc:
-            out += self.score_table.take((rows[..., self.sa] - rows[..., self.snb]).astype(np.intp)).sum(axis=-1)
+            s.idx[...] = np.subtract(rows[..., self.sa], rows[..., self.snb], out=s.cat)
+            out += self.score_table.take(s.idx, out=s.cat).sum(axis=-1)
         return out
 
     def describe(self, box: np.ndarray) -> tuple[dict[str, str], float, float, list[int]]:
@@ -172,6 +177,16 @@ class QIEncoder:
             out[jn + t] = self._offsets[t] + self._node_lo[t][node] * self._m[t]
             out[j + jn + t] = -self._node_hi[t][node]
         return out
+
+
+class ScoreScratch:
+    """Work arrays of :meth:`QIEncoder.score_rows` for rows of shape ``lead + (2J,)``: ``num`` (min x + (-max x)),
+    ``cat`` (the flat table index, then its entry) and ``idx`` (that index as an integer)."""
+
+    def __init__(self, lead: tuple[int, ...], jn: int, jc: int) -> None:
+        self.num = np.empty((*lead, jn))
+        self.cat = np.empty((*lead, jc))
+        self.idx = np.empty((*lead, jc), dtype=np.intp)
 
 
 class ClusterStore:
