@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import CorruptRecordError, KafkaError, KafkaTimeoutError
+from kafka.errors import CorruptRecordError, KafkaTimeoutError
 
 from stream_anon.kafka_io.clients import client_options, fetch_limits, no_auto_create
 from stream_anon.kafka_io.settings import KafkaSettings
@@ -29,8 +29,11 @@ END_AGAIN_SECONDS = 0.05
 """A read whose end is below what it must reach reads the end again after this long."""
 
 GAP_SECONDS = 5.0
-"""A read that gets no record for this long while the broker answers takes the rest of its range as a gap (see
+"""A read that gets no record for this long asks whether it stands at an end-of-partition gap (see
 :meth:`PartitionReader._read`)."""
+
+GAP_PROBE_SECONDS = 1.0
+"""After ``GAP_SECONDS`` without a record, a read probes for a gap at most this often."""
 
 
 def caught_up(consumer: KafkaConsumer, tp: TopicPartition) -> bool:
@@ -82,6 +85,7 @@ class PartitionReader:
         self.kafka = kafka
         self.stop = stop  # true: a read or a wait for an end gives up at once (KafkaTimeoutError)
         self.request_timeout_s = kafka.request_timeout_ms / 1000.0
+        self.clock: Callable[[], float] = time.monotonic  # the read's waits (a test's simulated time)
         self.consumer = no_auto_create(KafkaConsumer(
             **client_options(kafka), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             fetch_max_wait_ms=20, enable_incremental_fetch_sessions=False,
@@ -119,44 +123,68 @@ class PartitionReader:
         """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset).
 
         Offsets at the end of a partition can hold no record: Tansu on durable storage killed between writing a
-        partition's watermark and the batch leaves such a gap (docs/tansu.md), and a fetch there returns nothing
-        until later records are appended.  When no record comes for ``GAP_SECONDS`` while the broker answers
-        (a ListOffsets request), the rest of the range is taken as such a gap (logged) instead of waiting forever.
+        partition's watermark and the batch leaves such a gap (docs/tansu.md): a fetch there is answered at once,
+        with no record and a highwater above the fetch offset, until later records are appended.  After
+        ``GAP_SECONDS`` without a record the read probes (:meth:`_fresh_fetch`, at most every
+        ``GAP_PROBE_SECONDS``): only a fetch *answered* empty below its highwater makes the rest of the range a
+        gap (logged).  A fetch not answered at all (a slow or absent broker) is never a gap: the read waits, up to
+        twice the request timeout without progress (``KafkaTimeoutError``).  Before, an answered ListOffsets
+        request was enough, and a Tansu slow to serve fetches under load made a recovery read real ledger entries
+        as empty (their records processed twice; seen once in CI).
         """
         c = self.consumer
         c.seek(tp, lo)
         got: list[Any] = []
         stall_s = 2 * self.request_timeout_s
-        deadline = time.monotonic() + stall_s
-        empty_since = time.monotonic()
+        now = self.clock()
+        deadline = now + stall_s
+        empty_since = next_probe = now
         while c.position(tp) < hi:
             recs = c.poll(timeout_ms=500, max_records=max_records).get(tp, [])
+            now = self.clock()
+            if not recs and now - empty_since > GAP_SECONDS and now >= next_probe:
+                position = c.position(tp)
+                answer = self._fresh_fetch(tp, position)
+                next_probe = self.clock() + GAP_PROBE_SECONDS
+                if answer is not None:
+                    recs, highwater = answer
+                    if not recs and highwater > position:
+                        log.warning("%s: offsets [%d, %d) hold no records (a fetch at %d answered none below the "
+                                    "highwater %d: the gap Tansu leaves when killed between writing a partition's "
+                                    "watermark and its batch): read as empty", tp, position, hi, position, highwater)
+                        break
+                now = self.clock()
             got.extend(r for r in recs if lo <= r.offset < hi)
-            now = time.monotonic()
             if recs:
                 deadline = now + stall_s
                 empty_since = now
-            elif now - empty_since > GAP_SECONDS and self._answers(tp):
-                log.warning("%s: offsets [%d, %d) hold no records (a gap Tansu leaves when killed between writing a "
-                            "partition's watermark and its batch): read as empty", tp, c.position(tp), hi)
-                break
             elif now > deadline:
                 raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for {stall_s:g} s")
-            if not recs:
+            else:
                 self._check_stop(tp)
         return got
+
+    def _fresh_fetch(self, tp: TopicPartition, position: int) -> tuple[list[Any], int] | None:
+        """One fetch of ``tp`` at ``position`` with the partition's kept state dropped, so that a highwater says
+        this fetch was answered: (its records, possibly none; its highwater), or None when no answer came within
+        the request timeout.  Leaves the reader assigned to ``tp`` only, past what it returned."""
+        c = self.consumer
+        c.assign([])
+        c.assign([tp])
+        c.seek(tp, position)
+        deadline = self.clock() + self.request_timeout_s
+        while True:
+            recs = c.poll(timeout_ms=BOUNDS_POLL_MS, max_records=1000).get(tp, [])
+            highwater = c.highwater(tp)
+            if recs or highwater is not None:
+                return list(recs), int(highwater) if highwater is not None else position + len(recs)
+            if self.clock() > deadline:
+                return None
+            self._check_stop(tp)
 
     def _check_stop(self, tp: TopicPartition) -> None:
         if self.stop is not None and self.stop():
             raise KafkaTimeoutError(f"read of {tp} given up: stopping")
-
-    def _answers(self, tp: TopicPartition) -> bool:
-        """Whether the broker answers a ListOffsets request for ``tp`` now (an empty fetch is then a gap)."""
-        try:
-            self.consumer.beginning_offsets([tp], timeout_ms=min(self.kafka.request_timeout_ms, 5000))
-        except KafkaError:
-            return False
-        return True
 
     def read_backward(self, topic: str, partition: int, chunk: int,
                       consume: Callable[[list[RawRecord]], bool], *, min_end: int = 0) -> int:
