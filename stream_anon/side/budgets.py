@@ -170,18 +170,20 @@ class SideBudgets:
     """The cumulative budgets of the side paths on one input topic (``scope``); see the module docstring.
 
     ``kmeans_total``: the k-means stream budget (None: none); ``kmeans_windows``: persist the k-means window counter
-    (k-means on); ``person_cap``, ``person_width``, ``person_depth``: the lifetime-cap sketch (cap None: none).
+    (k-means on); ``person_cap``, ``person_width``, ``person_depth``, ``person_key``: the lifetime-cap sketch (cap
+    None: none; key None: 32 bytes from ``secrets``).
     Call :meth:`open` (or :meth:`restore`) once before spending.
     """
 
     def __init__(self, *, scope: str, kmeans_total: float | None = None, kmeans_windows: bool = False,
-                 person_cap: float | None = None, person_width: int = 1 << 17, person_depth: int = 8) -> None:
+                 person_cap: float | None = None, person_width: int = 1 << 17, person_depth: int = 8,
+                 person_key: bytes | None = None) -> None:
         self.scope = scope
         self.kmeans: BudgetAccountant | None = (BudgetAccountant(total_epsilon=kmeans_total)
                                                 if kmeans_total is not None else None)
         self.kmeans_windows = kmeans_windows or kmeans_total is not None
         self.person: PersonBudgetSketch | None = (PersonBudgetSketch(cap_epsilon=person_cap, width=person_width,
-                                                                     depth=person_depth)
+                                                                     depth=person_depth, key=person_key)
                                                   if person_cap is not None else None)
         self.next_window = 0  # the next k-means window id (never reused: persisted)
         self.generation = 0  # 0 until open()

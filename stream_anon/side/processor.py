@@ -166,7 +166,10 @@ class SidePathProcessor:
         self._by_record_id = self.person_field is not None and self.schema.person_id is None
         self.budgets = SideBudgets(scope=scope, kmeans_total=cfg.kmeans.total_epsilon if plan.kmeans else None,
                                    kmeans_windows=plan.kmeans is not None, person_cap=pb.cap_epsilon,
-                                   person_width=pb.width, person_depth=pb.depth)
+                                   person_width=pb.width, person_depth=pb.depth,
+                                   # the sketch's hash key from the injected generator (secure by default, so a
+                                   # seeded test's false refusals are reproducible); a restored state brings its own
+                                   person_key=self.rng.bytes(32) if pb.cap_epsilon is not None else None)
         self.truth = TruthTracker() if cfg.truth else None
         if cfg.truth:
             log.warning("side paths: truth tracker ON: exact statistics are computed and published beside the "
