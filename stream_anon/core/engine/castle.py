@@ -69,10 +69,16 @@ def diversity_requirement(schema: Schema, config: EngineConfig) -> DiversityRequ
 
 
 class _Work:
-    """Preallocated scratch arrays of the hot path (no allocation per record but the scores)."""
+    """Preallocated scratch arrays of the hot path (no allocation per record)."""
 
     def __init__(self, cap: int, width: int, jn: int, jc: int):
-        self.union = np.empty((cap, width))
+        # imported here: numba's import (0.5-1 s) only in processes that run an engine
+        from stream_anon.core.engine.kernels import MAX_TERMS, union_enlargements
+        self.union_enlargements = union_enlargements
+        self.compiled = max(jn, jc) <= MAX_TERMS  # union_enlargements (kernels.py), else numpy
+        self.ls, self.e = np.empty(cap), np.empty(cap)  # each cluster's score with the arrival, its enlargement
+        self.num, self.cat = np.empty(jn), np.empty(jc)
+        self.union = np.empty((cap, width)) if not self.compiled else np.empty((0, width))
         self.score = ScoreScratch((cap,), jn, jc)
 
 
@@ -291,8 +297,9 @@ class Engine:
     def _best_selection(self, s: int, v: np.ndarray) -> int:
         """Choose t's cluster by minimum enlargement and add t to it; -1 means: open a new cluster.
 
-        For every open cluster at once: U = min(box, v) (the union box), L(C + t) = score(U) (as
-        ``QIEncoder.score_rows``: numpy sums, no BLAS), E = wnew * L(C + t) - base (see ClusterStore).  SetCmin =
+        For every open cluster in one compiled pass (``kernels.union_enlargements``, bit for bit the numpy formula
+        of ``QIEncoder.score_rows``): U = min(box, v) (the union box), L(C + t) = score(U), E = wnew * L(C + t) -
+        base (see ClusterStore).  SetCmin =
         argmin E; a member with L(C + t) <= tau is taken; if none: a new cluster while |Gamma| < beta, else a
         minimal one.
         """
@@ -300,13 +307,18 @@ class Engine:
         if g.n_active == 0:
             return -1
         w = self._work
-        u = np.minimum(g.box, v, out=w.union)
-        ls = self.enc.score_rows(u, w.score)
-        e = g.wnew * ls
-        e -= g.base
-        if self._age_weight > 0.0:  # UBDSA-style age pressure
-            e -= (self.p - g.oldest) * self._age_coef
-        c = int(e.argmin())
+        enc = self.enc
+        ls, e = w.ls, w.e
+        if w.compiled:
+            c = w.union_enlargements(g.box, v, enc.jn, enc.jc, enc.neg_inv_range, enc.score_table, g.wnew, g.base,
+                                     self._age_weight > 0.0, self.p, g.oldest, self._age_coef, ls, e, w.num, w.cat)
+        else:  # more than MAX_TERMS numeric or categorical QIs: the same formula in numpy
+            ls[:] = enc.score_rows(np.minimum(g.box, v, out=w.union), w.score)
+            np.multiply(g.wnew, ls, out=e)
+            e -= g.base
+            if self._age_weight > 0.0:  # UBDSA-style age pressure
+                e -= (self.p - g.oldest) * self._age_coef
+            c = int(e.argmin())
         tau = self.tau_sum
         lc = float(ls[c])
         if lc > tau:
@@ -320,7 +332,7 @@ class Engine:
                     return -1
             elif g.n_active < self._beta:
                 return -1
-        g.box[c] = u[c]
+        np.minimum(g.box[c], v, out=g.box[c])  # the union box
         g.lsum[c] = lc
         if self._plain:  # no person id, no l-diversity, no age pressure: _attach, inlined
             g.members[c].append(s)
