@@ -97,3 +97,25 @@ def test_the_engine_releases_the_same_stream_with_the_numpy_fallback(loss: str, 
         out += [(r.class_id, sorted(r.record_ids), sorted(r.generalized.items())) for r in eng.flush(now=float(n))]
         streams.append(out)
     assert streams[0] == streams[1] and len(streams[0]) > 20
+
+
+def test_warm_up_compiles_exactly_what_the_engine_calls(adult_head: dict[str, list[Any]]) -> None:
+    """The service's executors call ``warm_up()`` at their start (``service.workers.Pipelines``) so that no
+    partition's first records wait 1-2 s for numba: that only works if the engine's calls then need no new
+    compilation (the same argument types), both through ``push`` and through ``encode_many`` + ``push_encoded``."""
+    from stream_anon.core.engine import warm_up
+
+    warm_up()
+    compiled = list(union_enlargements.signatures)
+    assert compiled
+    for age_pressure in (False, True):
+        eng = Engine(adult_schema(), EngineConfig(k=5, delta=100, beta=20, mu=10, seed=1,
+                                                  algorithm="ubdsa" if age_pressure else "castle"))
+        rows = eng.encode_many({c: col[:300] for c, col in adult_head.items()})
+        for i in range(300):
+            record = {c: col[i] for c, col in adult_head.items()}
+            if i % 2:
+                eng.push(record, now=float(i))
+            else:
+                eng.push_encoded(record, rows[i], now=float(i))
+    assert list(union_enlargements.signatures) == compiled

@@ -58,6 +58,7 @@ from stream_anon.bench import broker_problem
 from stream_anon.config.settings import Config
 from stream_anon.core.datasets import DatasetError, iter_adult_records, resolve_adult_path
 from stream_anon.core.defaults import DEFAULTS
+from stream_anon.core.engine import warm_up
 from stream_anon.core.schema import adult_schema
 from stream_anon.kafka_io.broker import EmbeddedBroker
 from stream_anon.kafka_io.lifecycle import quiet_client_libraries
@@ -319,6 +320,7 @@ def engine_alone(args: argparse.Namespace, adult: str) -> dict[str, float]:
     cfg = _config("127.0.0.1:9", "engine", args)  # never connected to
     schema = load_schema(cfg)
     engine = make_engine_factory(cfg, schema)(0)
+    warm_up()  # as the service's executors do at their start: numba's import and cache load are not timed
     records = [schema.validate(dict(r)) for r in iter_adult_records(adult)]
     for i, r in enumerate(records):
         r[schema.record_id or "id"] = i

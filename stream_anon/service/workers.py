@@ -24,6 +24,7 @@ from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 from stream_anon.config.settings import Config
+from stream_anon.core.engine import warm_up
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
 from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, die_with_parent
@@ -161,6 +162,7 @@ class Pipelines:
         self.engine_factory = engine_factory
         self.entry_factory = entry_factory
         self.pipes: dict[int, PartitionPipeline] = {}
+        warm_up()  # the engine's compiled pass loaded now, not while a partition's first records wait (1-2 s)
 
     def create(self, r: CreatePartition) -> None:
         self.pipes[r.partition] = PartitionPipeline(
