@@ -1,10 +1,12 @@
 """``PartitionReader._read`` at an end-of-partition gap and on a slow broker, with a simulated broker and clock.
 
 Tansu on durable storage killed between writing a partition's watermark and its batch leaves offsets at the end of a
-partition that hold no record: a fetch there is answered at once, with nothing and a highwater above it.  A broker
-slow to serve fetches (Tansu on s3rver under load) does not answer them at all for a while.  The first must be
-read as empty (or the recovery waits forever); the second never (real ledger entries read as empty make their
-records processed twice: seen once in CI, when the rule was "no record for 5 s while ListOffsets answers")."""
+partition that hold no record: a fetch there is answered with nothing and a highwater above it.  A broker slow to
+serve fetches (Tansu on s3rver under load) does not answer them at all for a while; and Tansu answers a fetch whose
+listing of the partition's batch objects outlasts its max wait with nothing and a highwater above it too, although
+records are there.  The first must be read as empty (or the recovery waits forever); the others never (real ledger
+entries read as empty make their records processed twice: seen twice in CI, when the rule was "no record for 5 s
+while ListOffsets answers", then "one fetch answered empty below its highwater")."""
 
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from stream_anon.kafka_io.reader import GAP_SECONDS, PartitionReader
+from stream_anon.kafka_io.reader import (
+    GAP_CONFIRMATIONS,
+    GAP_PROBE_SECONDS,
+    GAP_SECONDS,
+    PartitionReader,
+)
 
 Record = namedtuple("Record", "offset key value")
 TP = TopicPartition("ledger", 0)
@@ -24,12 +31,14 @@ TP = TopicPartition("ledger", 0)
 
 class SimulatedBroker:
     """One partition: records at ``stored`` offsets, a highwater of ``highwater``; fetches at or past
-    ``slow_from`` go unanswered until the simulated clock reaches ``slow_until`` (ListOffsets always answers).
-    Every poll advances the clock by its timeout when it returns nothing, by 1 ms when it returns records."""
+    ``slow_from`` go unanswered until the simulated clock reaches ``slow_until`` (ListOffsets always answers), or,
+    with ``answered_empty``, are answered with no record and the highwater (Tansu's listing cut at the fetch's max
+    wait).  Every poll advances the clock by its timeout when it returns nothing, by 1 ms when it returns records."""
 
-    def __init__(self, stored: range, highwater: int, slow_from: int = 10**9, slow_until: float = 0.0) -> None:
+    def __init__(self, stored: range, highwater: int, slow_from: int = 10**9, slow_until: float = 0.0,
+                 answered_empty: bool = False) -> None:
         self.stored, self.end = stored, highwater
-        self.slow_from, self.slow_until = slow_from, slow_until
+        self.slow_from, self.slow_until, self.answered_empty = slow_from, slow_until, answered_empty
         self.now = 0.0
         self.pos = 0
         self.known_highwater: int | None = None
@@ -58,6 +67,9 @@ class SimulatedBroker:
 
     def poll(self, timeout_ms: int, max_records: int) -> dict[Any, list[Record]]:
         if self.pos >= self.slow_from and self.now < self.slow_until:
+            if self.answered_empty:
+                self.known_highwater = self.end
+                self.fetches_answered_empty += 1
             self.now += timeout_ms / 1000
             return {}
         slow = self.now < self.slow_until  # a fetch from before slow_from brings the records up to it
@@ -74,11 +86,25 @@ class SimulatedBroker:
 
 def _reader(broker: SimulatedBroker, request_timeout_s: float = 30.0) -> PartitionReader:
     reader = PartitionReader.__new__(PartitionReader)
-    reader.consumer = broker  # type: ignore[assignment]
+    reader.consumer = reader.records = broker  # type: ignore[assignment]
     reader.stop = None
     reader.request_timeout_s = request_timeout_s
     reader.clock = broker.clock
     return reader
+
+
+def one_batch_per_record(servers: str, topic: str, n: int) -> None:
+    """A one-partition ``topic`` with records 0..n-1, each sent alone (one batch, on Tansu's S3 one object)."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=servers)
+    for i in range(n):
+        producer.send(topic, value=b"v%d" % i).get(timeout=30)
+    producer.close()
 
 
 def test_an_end_gap_answered_empty_below_the_highwater_is_read_as_empty(caplog: pytest.LogCaptureFixture) -> None:
@@ -87,7 +113,25 @@ def test_an_end_gap_answered_empty_below_the_highwater_is_read_as_empty(caplog: 
         got = _reader(broker)._read(TP, 50, 110, 500)
     assert [r.offset for r in got] == list(range(50, 100))
     assert "[100, 110) hold no records" in caplog.text and "below the highwater 110" in caplog.text
-    assert GAP_SECONDS < broker.now < GAP_SECONDS + 5  # read as a gap soon after GAP_SECONDS, not at the deadline
+    assert f"{GAP_CONFIRMATIONS} fetches at 100 in a row" in caplog.text
+    # read as a gap once the probes confirmed it, not at the read's deadline (60 s)
+    assert GAP_SECONDS + (GAP_CONFIRMATIONS - 1) * GAP_PROBE_SECONDS < broker.now < 2 * GAP_SECONDS + 2 * GAP_CONFIRMATIONS
+
+
+@pytest.mark.parametrize("empty_seconds", [GAP_SECONDS + 1, GAP_SECONDS + (GAP_CONFIRMATIONS - 1.5) * GAP_PROBE_SECONDS])
+def test_fetches_answered_empty_where_records_are_are_not_a_gap_unless_confirmed(
+        empty_seconds: float, caplog: pytest.LogCaptureFixture) -> None:
+    """Fetches from offset 80 on answered with no record and the highwater for ``empty_seconds`` although the records
+    are there (Tansu when listing the partition's objects outlasts the fetch's max wait, the failure of CI run 5: a
+    recovery read 1,962 real ledger entries as a gap after one such answer): shorter than the confirmation, every
+    record of the range comes, and no gap is logged."""
+    broker = SimulatedBroker(stored=range(0, 110), highwater=110, slow_from=80, slow_until=empty_seconds,
+                             answered_empty=True)
+    with caplog.at_level(logging.WARNING, logger="stream_anon.kafka_io.reader"):
+        got = _reader(broker)._read(TP, 50, 110, 500)
+    assert [r.offset for r in got] == list(range(50, 110))
+    assert "hold no records" not in caplog.text
+    assert broker.fetches_answered_empty > GAP_CONFIRMATIONS  # the main reads and probes were answered, empty
 
 
 @pytest.mark.parametrize("slow_seconds", [GAP_SECONDS + 1, 3 * GAP_SECONDS, 55.0])
@@ -125,19 +169,12 @@ def test_tansus_real_end_gap_is_answered_empty_and_read_as_empty(durable_broker:
     three batch objects removed from s3rver's files (the state a kill between the watermark and the batch leaves:
     the watermark says 10), the broker started again.  A fetch at 7 is answered at once, empty, with highwater 10
     (the signature the reader relies on), and the reader returns offsets 0..6 and logs the gap."""
-    from kafka import KafkaConsumer, KafkaProducer
-    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka import KafkaConsumer
 
     from stream_anon.kafka_io.settings import KafkaSettings
 
     servers = durable_broker.bootstrap_servers
-    admin = KafkaAdminClient(bootstrap_servers=servers)
-    admin.create_topics([NewTopic("gap", 1, 1)])
-    admin.close()
-    producer = KafkaProducer(bootstrap_servers=servers)
-    for i in range(10):
-        producer.send("gap", value=b"v%d" % i).get(timeout=30)  # one batch each
-    producer.close()
+    one_batch_per_record(servers, "gap", 10)
     durable_broker.stop()
     batches = sorted((tmp_path / "s3").glob("**/topics/gap/partitions/0000000000/records/*.batch._S3rver_object"))
     assert [int(p.name.split(".")[0]) for p in batches] == list(range(10)), batches
@@ -165,3 +202,40 @@ def test_tansus_real_end_gap_is_answered_empty_and_read_as_empty(durable_broker:
         reader.close()
     assert [offset for offset, _, _ in records] == list(range(7)) and end == 10
     assert "[7, 10) hold no records" in caplog.text
+
+
+def test_tansu_answers_a_fetch_empty_where_records_are_and_the_reader_reads_them_all(
+        durable_broker: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """What CI run 5 met (a recovery read 1,962 real ledger entries as a gap): Tansu on S3 lists a partition's batch
+    objects for every fetch and stops at the fetch's max wait, then answers with no record and the right highwater.
+    Here 60 records in 60 batches: a fetch with a 1 ms max wait is answered so at the first, a middle and the last
+    offset (records are there); the reader (``READ_MAX_WAIT_MS`` for its record reads, probes confirmed
+    ``GAP_CONFIRMATIONS`` times) reads all of them from each, and logs no gap."""
+    from kafka import KafkaConsumer
+
+    from stream_anon.kafka_io.settings import KafkaSettings
+
+    servers = durable_broker.bootstrap_servers
+    one_batch_per_record(servers, "many", 60)
+    tp = TopicPartition("many", 0)
+    for offset in (0, 30, 59):
+        quick = KafkaConsumer(bootstrap_servers=servers, group_id=None, fetch_max_wait_ms=1,
+                              enable_incremental_fetch_sessions=False)
+        try:
+            quick.assign([tp])
+            quick.seek(tp, offset)
+            first: dict[Any, Any] = {}
+            while quick.highwater(tp) is None:  # bounded by the test's timeout: the broker answers
+                first = quick.poll(timeout_ms=100, max_records=10)
+            assert first == {} and quick.highwater(tp) == 60 and quick.position(tp) == offset
+        finally:
+            quick.close()
+    reader = PartitionReader(KafkaSettings(bootstrap_servers=servers))
+    try:
+        with caplog.at_level(logging.WARNING, logger="stream_anon.kafka_io.reader"):
+            for start in (0, 30, 59):
+                records, end = reader.read_forward_records("many", 0, start, 100)
+                assert [offset for offset, _, _ in records] == list(range(start, 60)) and end == 60
+    finally:
+        reader.close()
+    assert "hold no records" not in caplog.text

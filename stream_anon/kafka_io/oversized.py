@@ -40,6 +40,7 @@ from stream_anon.kafka_io.clients import (
     librdkafka_client_config,
     no_auto_create,
 )
+from stream_anon.kafka_io.reader import records_max_wait_ms
 from stream_anon.kafka_io.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,8 @@ class BatchReader:
         options = {**client_options(kafka), **fetch_limits(kafka), "fetch_max_bytes": 1,
                    "max_partition_fetch_bytes": 1}
         self.consumer = no_auto_create(KafkaConsumer(**options, group_id=None, enable_auto_commit=False,
-                                                     auto_offset_reset="earliest", fetch_max_wait_ms=20))
+                                                     auto_offset_reset="earliest",
+                                                     fetch_max_wait_ms=records_max_wait_ms(kafka)))
         self._tp: TopicPartition | None = None
 
     def start(self, topic: str, partition: int, offset: int) -> None:

@@ -28,12 +28,37 @@ recovery on Tansu, three output partitions read: 0.83 s with 200 ms polls, 0.35 
 END_AGAIN_SECONDS = 0.05
 """A read whose end is below what it must reach reads the end again after this long."""
 
-GAP_SECONDS = 5.0
+READ_MAX_WAIT_MS = 1000
+"""The fetch max wait of the reader's record reads (``PartitionReader.records``; capped at a quarter of the request
+timeout).  Tansu on S3 lists a partition's batch objects for every fetch and stops listing when the fetch's max wait
+has passed: a fetch whose listing takes longer is answered with no record (and the right highwater) although records
+are there.  On the storage of a failed CI run (a ledger partition of 105 batch objects, 2,221 entries), every fetch
+with a 1 or 20 ms max wait was answered empty, at every offset, for as long as it was repeated; with 200 ms and
+1,000 ms the first answer carried records (``tests/test_partition_reader_gap.py``).  A fetch that has records to
+return answers as soon as it has them, so the wait costs nothing but at a real gap."""
+
+def records_max_wait_ms(kafka: KafkaSettings) -> int:
+    """The fetch max wait of a client that reads records: ``READ_MAX_WAIT_MS``, at most a quarter of
+    ``kafka.request_timeout_ms``."""
+    return min(READ_MAX_WAIT_MS, kafka.request_timeout_ms // 4)
+
+
+BOUNDS_MAX_WAIT_MS = 20
+"""The fetch max wait of the reader's end-offset client (``PartitionReader.consumer``: bounds, pings): its fetches
+are for their highwater (right in an empty answer too), and a fetch at the end of a partition is answered only once
+its max wait has passed."""
+
+GAP_SECONDS = 3.0
 """A read that gets no record for this long asks whether it stands at an end-of-partition gap (see
 :meth:`PartitionReader._read`)."""
 
-GAP_PROBE_SECONDS = 1.0
+GAP_PROBE_SECONDS = 0.5
 """After ``GAP_SECONDS`` without a record, a read probes for a gap at most this often."""
+
+GAP_CONFIRMATIONS = 4
+"""Probes in a row, all answered with no record below their highwater at the same offset, that make the rest of a
+read's range a gap (each probe a fresh fetch with the read's max wait, at least ``GAP_PROBE_SECONDS`` apart): one
+empty answer is no proof on Tansu (see ``READ_MAX_WAIT_MS``)."""
 
 
 def caught_up(consumer: KafkaConsumer, tp: TopicPartition) -> bool:
@@ -86,13 +111,18 @@ class PartitionReader:
         self.stop = stop  # true: a read or a wait for an end gives up at once (KafkaTimeoutError)
         self.request_timeout_s = kafka.request_timeout_ms / 1000.0
         self.clock: Callable[[], float] = time.monotonic  # the read's waits (a test's simulated time)
-        self.consumer = no_auto_create(KafkaConsumer(
-            **client_options(kafka), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=20, enable_incremental_fetch_sessions=False,
-            **fetch_limits(kafka, partition_bytes=4 * 1048576)))
+        self.consumer = self._client(BOUNDS_MAX_WAIT_MS)  # ends (bounds), pings
+        self.records = self._client(records_max_wait_ms(kafka))  # record reads, probes
+
+    def _client(self, max_wait_ms: int) -> Any:  # a KafkaConsumer (no_auto_create: typed as the stubs do not)
+        return no_auto_create(KafkaConsumer(
+            **client_options(self.kafka), group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_max_wait_ms=max_wait_ms, enable_incremental_fetch_sessions=False,
+            **fetch_limits(self.kafka, partition_bytes=4 * 1048576)))
 
     def close(self) -> None:
         self.consumer.close()
+        self.records.close()
 
     def ping(self, topic: str, partition: int, timeout_ms: int) -> None:
         """One request the broker must answer (the partition's first offset): raises ``KafkaError`` (e.g.
@@ -120,25 +150,29 @@ class PartitionReader:
         return begin, int(c.highwater(tp))
 
     def _read(self, tp: TopicPartition, lo: int, hi: int, max_records: int) -> list[Any]:
-        """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset).
+        """The records of ``tp`` in ``[lo, hi)`` (``hi`` at most the end offset), read with ``self.records``.
 
         Offsets at the end of a partition can hold no record: Tansu on durable storage killed between writing a
-        partition's watermark and the batch leaves such a gap (docs/tansu.md): a fetch there is answered at once,
-        with no record and a highwater above the fetch offset, until later records are appended.  After
-        ``GAP_SECONDS`` without a record the read probes (:meth:`_fresh_fetch`, at most every
-        ``GAP_PROBE_SECONDS``): only a fetch *answered* empty below its highwater makes the rest of the range a
-        gap (logged).  A fetch not answered at all (a slow or absent broker) is never a gap: the read waits, up to
-        twice the request timeout without progress (``KafkaTimeoutError``).  Before, an answered ListOffsets
-        request was enough, and a Tansu slow to serve fetches under load made a recovery read real ledger entries
-        as empty (their records processed twice; seen once in CI).
+        partition's watermark and the batch leaves such a gap (docs/tansu.md): a fetch there is answered with no
+        record and a highwater above the fetch offset, until later records are appended.  But Tansu answers the same
+        way where records are, when listing the partition's batch objects outlasts the fetch's max wait (see
+        ``READ_MAX_WAIT_MS``: a recovery in CI read 1,962 real ledger entries as such a gap, and their records were
+        processed twice).  So after ``GAP_SECONDS`` without a record the read probes (:meth:`_fresh_fetch`, at most
+        every ``GAP_PROBE_SECONDS``), and only ``GAP_CONFIRMATIONS`` probes in a row answered empty below their
+        highwater at the same offset make the rest of the range a gap (logged); a probe that brings records resets
+        the count.  A fetch not answered at all (a slow or absent broker) is never a gap: the read waits, up to twice
+        the request timeout without progress (``KafkaTimeoutError``).
         """
-        c = self.consumer
+        c = self.records
+        if c.assignment() != {tp}:
+            c.assign([tp])
         c.seek(tp, lo)
         got: list[Any] = []
         stall_s = 2 * self.request_timeout_s
         now = self.clock()
         deadline = now + stall_s
         empty_since = next_probe = now
+        empty_answers = 0  # probes in a row answered with no record below their highwater
         while c.position(tp) < hi:
             recs = c.poll(timeout_ms=500, max_records=max_records).get(tp, [])
             now = self.clock()
@@ -149,15 +183,19 @@ class PartitionReader:
                 if answer is not None:
                     recs, highwater = answer
                     if not recs and highwater > position:
-                        log.warning("%s: offsets [%d, %d) hold no records (a fetch at %d answered none below the "
-                                    "highwater %d: the gap Tansu leaves when killed between writing a partition's "
-                                    "watermark and its batch): read as empty", tp, position, hi, position, highwater)
-                        break
+                        empty_answers += 1
+                        if empty_answers >= GAP_CONFIRMATIONS:
+                            log.warning("%s: offsets [%d, %d) hold no records (%d fetches at %d in a row answered none "
+                                        "below the highwater %d: the gap Tansu leaves when killed between writing a "
+                                        "partition's watermark and its batch): read as empty", tp, position, hi,
+                                        empty_answers, position, highwater)
+                            break
                 now = self.clock()
             got.extend(r for r in recs if lo <= r.offset < hi)
             if recs:
                 deadline = now + stall_s
                 empty_since = now
+                empty_answers = 0
             elif now > deadline:
                 raise KafkaTimeoutError(f"read of {tp} [{lo}, {hi}) made no progress for {stall_s:g} s")
             else:
@@ -165,10 +203,10 @@ class PartitionReader:
         return got
 
     def _fresh_fetch(self, tp: TopicPartition, position: int) -> tuple[list[Any], int] | None:
-        """One fetch of ``tp`` at ``position`` with the partition's kept state dropped, so that a highwater says
-        this fetch was answered: (its records, possibly none; its highwater), or None when no answer came within
-        the request timeout.  Leaves the reader assigned to ``tp`` only, past what it returned."""
-        c = self.consumer
+        """One fetch of ``tp`` at ``position`` by ``self.records`` with the partition's kept state dropped, so that a
+        highwater says this fetch was answered: (its records, possibly none; its highwater), or None when no answer
+        came within the request timeout.  Leaves ``self.records`` assigned to ``tp`` only, past what it returned."""
+        c = self.records
         c.assign([])
         c.assign([tp])
         c.seek(tp, position)
@@ -241,9 +279,10 @@ class PartitionReader:
 
     def first_readable(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> bool:
         """Whether the record at ``offset`` can be read (False: the client raises CorruptRecordError there).
-        Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on)."""
+        Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on).  Read with
+        ``self.records`` (a fetch with a short max wait can be answered empty where records are: ``READ_MAX_WAIT_MS``)."""
         tp = TopicPartition(topic, partition)
-        c = self.consumer
+        c = self.records
         c.assign([tp])
         c.seek(tp, offset)
         deadline = time.monotonic() + timeout_s

@@ -33,7 +33,7 @@ from stream_anon.config.settings import Config
 from stream_anon.formats.messages import OutputMessage
 from stream_anon.kafka_io.clients import client_options, cluster_brokers, fetch_limits
 from stream_anon.kafka_io.producer import OutputProducer
-from stream_anon.kafka_io.reader import position_before
+from stream_anon.kafka_io.reader import position_before, records_max_wait_ms
 from stream_anon.kafka_io.settings import COMPACTED_TOPIC_CONFIG
 from stream_anon.side.budgets import BudgetAnchor, anchor_group
 
@@ -76,7 +76,7 @@ class BudgetTopic:
     def load(self, timeout_s: float = 60.0) -> dict[str, bytes]:
         """key -> latest value (tombstones drop their key) of the whole partition."""
         consumer = KafkaConsumer(**client_options(self.cfg.kafka), group_id=None, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", fetch_max_wait_ms=20,
+                                 auto_offset_reset="earliest", fetch_max_wait_ms=records_max_wait_ms(self.cfg.kafka),
                                  **fetch_limits(self.cfg.kafka, partition_bytes=4 * 1048576))
         tp = TopicPartition(self.topic, 0)
         out: dict[str, bytes] = {}
