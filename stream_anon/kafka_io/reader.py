@@ -35,7 +35,8 @@ has passed: a fetch whose listing takes longer is answered with no record (and t
 are there.  On the storage of a failed CI run (a ledger partition of 105 batch objects, 2,221 entries), every fetch
 with a 1 or 20 ms max wait was answered empty, at every offset, for as long as it was repeated; with 200 ms and
 1,000 ms the first answer carried records (``tests/test_partition_reader_gap.py``).  A fetch that has records to
-return answers as soon as it has them, so the wait costs nothing but at a real gap."""
+return answers as soon as it has them, so the wait costs time only where there is nothing to return: a real gap, or
+a fetch sent past the end of a partition (a sequence of recovery reads: 0.11-0.25 s against 0.12 s with 20 ms)."""
 
 def records_max_wait_ms(kafka: KafkaSettings) -> int:
     """The fetch max wait of a client that reads records: ``READ_MAX_WAIT_MS``, at most a quarter of
