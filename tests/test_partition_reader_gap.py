@@ -239,3 +239,19 @@ def test_tansu_answers_a_fetch_empty_where_records_are_and_the_reader_reads_them
     finally:
         reader.close()
     assert "hold no records" not in caplog.text
+
+
+def test_the_audit_finds_records_tansu_answered_empty_for_and_only_a_confirmed_gap_as_empty() -> None:
+    """``stream-anon audit`` asks which offsets the ledger does not account for hold a record
+    (:func:`stream_anon.service.audit.offsets_held`): a lost record is NOT ACCOUNTED, an offset without record is a
+    gap.  Its old rule (no record for 3 s while the broker answers) would report records Tansu answered empty for
+    as gaps, so lost records as none: now the reader's confirmed-gap rule decides."""
+    from stream_anon.service.audit import offsets_held
+
+    missing = [(0, o) for o in (10, 11, 12, 60, 61, 100, 105, 109)]
+    listing_outlasted = SimulatedBroker(stored=range(0, 110), highwater=110, slow_from=0,
+                                        slow_until=GAP_SECONDS + 1.25, answered_empty=True)
+    assert offsets_held(_reader(listing_outlasted), TP.topic, missing) == set(missing)
+    assert listing_outlasted.fetches_answered_empty > GAP_CONFIRMATIONS
+    end_gap = SimulatedBroker(stored=range(0, 103), highwater=110)  # 103..109: Tansu's gap
+    assert offsets_held(_reader(end_gap), TP.topic, missing) == {(0, o) for o in (10, 11, 12, 60, 61, 100)}

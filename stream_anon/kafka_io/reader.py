@@ -278,6 +278,20 @@ class PartitionReader:
             lo = hi
         return out, end
 
+    def read_range(self, topic: str, partition: int, lo: int, hi: int, chunk: int = 10000) -> list[RawRecord]:
+        """(offset, key, value) of every record of the partition in ``[lo, hi)`` (clipped to its bounds), read as the
+        recovery reads: offsets that hold nothing are skipped, and an end-of-partition gap only once confirmed
+        (:meth:`_read`); the audit's "is a record at these offsets?" (:func:`stream_anon.service.audit.records_at`)."""
+        tp = TopicPartition(topic, partition)
+        begin, end = self.bounds(topic, partition)
+        lo, hi = max(lo, begin), min(hi, end)
+        out: list[RawRecord] = []
+        while lo < hi:
+            step = min(hi, lo + chunk)
+            out.extend((r.offset, r.key, r.value) for r in self._read(tp, lo, step, chunk))
+            lo = step
+        return out
+
     def first_readable(self, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> bool:
         """Whether the record at ``offset`` can be read (False: the client raises CorruptRecordError there).
         Leaves this reader positioned past ``offset`` (a kafka-python fetcher that raised must be moved on).  Read with

@@ -36,7 +36,8 @@ from stream_anon.formats.release import (
     decode_class_message,
     decode_dead_letter,
 )
-from stream_anon.kafka_io.reader import caught_up, fetched_ends, position_before
+from stream_anon.kafka_io.reader import PartitionReader, caught_up, fetched_ends
+from stream_anon.kafka_io.settings import KafkaSettings
 from stream_anon.service.accounting import AccountingReport, LedgerAccounting, PublishedCheck
 from stream_anon.service.ledger import KIND_CLASS, KIND_CONTROL, LedgerRecord, ledger_topic
 
@@ -97,12 +98,13 @@ def partition_ends(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.
         consumer.close()
 
 
-def records_at(bootstrap_servers: str, topic: str, offsets: Sequence[tuple[int, int]], *, timeout_s: float = 60.0,
-               idle_s: float = 3.0, client_options: dict[str, Any] | None = None) -> set[tuple[int, int]]:
-    """Which of ``offsets`` ((partition, offset) pairs) hold a record in ``topic``: each run of consecutive
-    offsets is read (a fetch skips offsets that hold nothing).  A run that gets no record for ``idle_s`` while the
-    broker answers holds none beyond what was read (Tansu's durable storage killed between a partition's end and its
-    batch leaves offsets at the end that no fetch ever returns, docs/tansu.md)."""
+def offsets_held(reader: PartitionReader, topic: str, offsets: Sequence[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Which of ``offsets`` ((partition, offset) pairs) hold a record in ``topic``: each run of consecutive offsets is
+    read with ``reader`` (:meth:`~stream_anon.kafka_io.reader.PartitionReader.read_range`: a fetch skips offsets that hold nothing; the rest of a
+    run is empty only when fetches answered with no record below the highwater confirm it, the gap Tansu's durable
+    storage leaves when killed between a partition's watermark and its batch, docs/tansu.md).  A fetch Tansu answers
+    empty because listing the partition's batch objects outlasted its max wait is not such a gap: read as one, a lost
+    record would be reported as no record at all."""
     runs: list[tuple[int, int, int]] = []  # (partition, first, end)
     for p, o in sorted(set(offsets)):
         if runs and runs[-1][0] == p and runs[-1][2] == o:
@@ -110,24 +112,22 @@ def records_at(bootstrap_servers: str, topic: str, offsets: Sequence[tuple[int, 
         else:
             runs.append((p, o, o + 1))
     held: set[tuple[int, int]] = set()
-    consumer = _consumer(bootstrap_servers, client_options)
+    for p, lo, hi in runs:
+        held.update((p, offset) for offset, _, _ in reader.read_range(topic, p, lo, hi))
+    return held
+
+
+def records_at(bootstrap_servers: str, topic: str, offsets: Sequence[tuple[int, int]], *, timeout_s: float = 60.0,
+               client_options: dict[str, Any] | None = None) -> set[tuple[int, int]]:
+    """:func:`offsets_held` with a group-less reader of ``bootstrap_servers``; a run that makes no progress for
+    ``timeout_s`` raises ``KafkaTimeoutError`` (never a short answer)."""
+    kafka = KafkaSettings(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 500),
+                          **(client_options or {}))
+    reader = PartitionReader(kafka)
     try:
-        deadline = time.monotonic() + timeout_s
-        for p, lo, hi in runs:
-            tp = TopicPartition(topic, p)
-            consumer.assign([tp])
-            consumer.seek(tp, lo)
-            last = time.monotonic()
-            while position_before(consumer, tp, hi) and time.monotonic() < deadline:
-                recs = consumer.poll(timeout_ms=200, max_records=10000).get(tp, [])
-                held.update((p, r.offset) for r in recs if lo <= r.offset < hi)
-                if recs:
-                    last = time.monotonic()
-                elif time.monotonic() - last > idle_s:
-                    break
-        return held
+        return offsets_held(reader, topic, offsets)
     finally:
-        consumer.close()
+        reader.close()
 
 
 @dataclass
