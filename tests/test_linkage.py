@@ -190,8 +190,18 @@ def serve_adult(broker: Any, adult_path: Path, side: dict[str, Any]) -> Run:
     assert rc == [0]
     public: dict[str, list[ScannedMessage]] = {}
     raw: dict[str, list[Any]] = {}
+    # the service creates only the topics of the paths that run (SideApp.output_topics): a path off has no topic,
+    # and reading one would wait the read's whole timeout for it to appear (3 minutes of the unkeyed run's setup)
+    running = {"anon", "suppressed", "dlq", *(r for r in ("krr", "rs", "blap") if topics[r] in per_record),
+               *(["estimates"] if per_record else []), *(["kmeans"] if cfg.side_paths.kmeans.enabled else [])}
+    lister = KafkaConsumer(bootstrap_servers=bs)
+    try:
+        existing = lister.topics()
+    finally:
+        lister.close()
+    assert {r for r in topics if topics[r] in existing} == running, existing
     for role in ("anon", "krr", "rs", "blap", "estimates", "kmeans"):
-        msgs = raw[role] = read_topic_with_headers(bs, topics[role], timeout_s=60)
+        msgs = raw[role] = read_topic_with_headers(bs, topics[role], timeout_s=60) if role in running else []
         public[role] = [ScannedMessage(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers or ()))
                         for m in msgs]
     schema = adult_schema()
