@@ -89,6 +89,17 @@ def _load(args: argparse.Namespace) -> tuple[Any, str, str | None]:
         raise ReplaySourceError(str(e)) from None
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (a bad one: exit 2 naming the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}") from None
+    if not (0.0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 def _check_address(bootstrap_servers: str) -> None:
     """A malformed ``--bootstrap-servers`` is a :class:`ReplaySourceError` (exit 2), found before anything else."""
     from stream_anon.kafka_io.settings import BootstrapAddressError, parse_bootstrap_servers
@@ -119,7 +130,8 @@ def _cmd_kafka(args: argparse.Namespace, interrupts: InterruptGuard) -> int:
     stats = replay_records(records, args.topic, args.bootstrap_servers, args.rate, loop=args.loop,
                            shuffle=args.shuffle, seed=args.seed, partitions=partitions, create_topic=False,
                            id_field=id_field, progress=not args.no_progress, end_of_stream=args.flush,
-                           connect_timeout_s=args.connect_timeout, interrupts=interrupts)
+                           connect_timeout_s=args.connect_timeout, flush_timeout_s=args.ack_timeout,
+                           interrupts=interrupts)
     if stats.interrupted:
         print(stats.interrupted_summary(), file=sys.stderr)
         return 128 + signal.Signals[stats.interrupted].value
@@ -240,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "it buffers (default: on; --no-flush when more records will follow on the topic)")
     k.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="give up (exit 3) when no broker answers within this time (default 30)")
+    k.add_argument("--ack-timeout", type=_positive_seconds, default=60.0, metavar="SECONDS",
+                   help="after the last record, wait at most this long for the broker to acknowledge what is "
+                        "not yet acknowledged (and as long for the end-of-stream markers); then exit 1 naming "
+                        "how many are not (default 60)")
     k.add_argument("--no-progress", action="store_true")
     k.set_defaults(func=_cmd_kafka)
 

@@ -14,7 +14,7 @@ import pytest
 from kafka.errors import KafkaConnectionError
 from replay_support import write_clinic
 
-from replay_tools.__main__ import ReplaySourceError, load_records
+from replay_tools.__main__ import ReplaySourceError, _positive_seconds, load_records
 from stream_anon.core.schema import Schema
 from stream_anon.formats.decoding import DeadLetter, RecordDecoder
 from stream_anon.kafka_io.broker import free_port
@@ -268,6 +268,15 @@ def test_a_broker_lost_while_the_topic_is_set_up_is_one_clear_error(monkeypatch:
                                                      r"'adult\.raw' was checked or created: KafkaConnectionError"):
         kafka_replay.ensure_topic("127.0.0.1:1", "adult.raw", 2)
     assert admin.closed
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "inf", "nan", "ten"])
+def test_ack_timeout_refuses_what_is_no_positive_number_of_seconds_naming_it(text: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=f"seconds above 0, got '{text}'"):
+        _positive_seconds(text)
+    assert _positive_seconds("0.5") == 0.5 and _positive_seconds("10") == 10.0
 
 
 @pytest.mark.integration

@@ -261,7 +261,7 @@ def test_a_replay_whose_broker_goes_away_ends_with_one_line_no_traceback(adult_p
     try:
         proc = subprocess.Popen([sys.executable, "-m", "replay_tools", "kafka", "--adult", str(adult_path),
                                  "--limit", "5000", "--rate", "1000", "--bootstrap-servers", broker.bootstrap_servers,
-                                 "--no-progress", "--no-flush"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 "--no-progress", "--no-flush", "--ack-timeout", "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id=None,
                                  auto_offset_reset="earliest")
@@ -270,7 +270,7 @@ def test_a_replay_whose_broker_goes_away_ends_with_one_line_no_traceback(adult_p
         wait_for(lambda: bool(consumer.poll(200)), 60, "records arriving (the replay is sending)")
         consumer.close()
         broker.kill()  # the broker goes away mid-replay (kill -9)
-        out, err = proc.communicate(timeout=200)  # the tool's flush waits 60 s for acknowledgements, then gives up
+        out, err = proc.communicate(timeout=200)  # the tool waits --ack-timeout (10 s) for acknowledgements
     finally:
         broker.stop()
     assert proc.returncode == 1, (out, err)
