@@ -254,37 +254,29 @@ class PartitionReader:
                      chunk: int) -> tuple[list[tuple[bytes | None, bytes | None]], int]:
         """(key, value) of every record of the partition from ``start`` (None: its beginning) to its end, and
         the end offset (recovery step d)."""
-        tp = TopicPartition(topic, partition)
         begin, end = self.bounds(topic, partition)
         lo = begin if start is None else max(begin, start)
-        out: list[tuple[bytes | None, bytes | None]] = []
-        while lo < end:
-            hi = min(end, lo + chunk)
-            out.extend((r.key, r.value) for r in self._read(tp, lo, hi, chunk))
-            lo = hi
-        return out, end
+        return [(key, value) for _, key, value in self._read_chunks(topic, partition, lo, end, chunk)], end
 
     def read_forward_records(self, topic: str, partition: int, start: int | None,
                              chunk: int) -> tuple[list[RawRecord], int]:
         """(offset, key, value) of every record of the partition from ``start`` (None: its beginning) to its end,
         and the end offset (the side paths' outbox recovery: which of a write-ahead's messages landed where)."""
-        tp = TopicPartition(topic, partition)
         begin, end = self.bounds(topic, partition)
         lo = begin if start is None else max(begin, start)
-        out: list[RawRecord] = []
-        while lo < end:
-            hi = min(end, lo + chunk)
-            out.extend((r.offset, r.key, r.value) for r in self._read(tp, lo, hi, chunk))
-            lo = hi
-        return out, end
+        return self._read_chunks(topic, partition, lo, end, chunk), end
 
     def read_range(self, topic: str, partition: int, lo: int, hi: int, chunk: int = 10000) -> list[RawRecord]:
         """(offset, key, value) of every record of the partition in ``[lo, hi)`` (clipped to its bounds), read as the
         recovery reads: offsets that hold nothing are skipped, and an end-of-partition gap only once confirmed
         (:meth:`_read`); the audit's "is a record at these offsets?" (:func:`stream_anon.service.audit.records_at`)."""
-        tp = TopicPartition(topic, partition)
         begin, end = self.bounds(topic, partition)
-        lo, hi = max(lo, begin), min(hi, end)
+        return self._read_chunks(topic, partition, max(lo, begin), min(hi, end), chunk)
+
+    def _read_chunks(self, topic: str, partition: int, lo: int, hi: int, chunk: int) -> list[RawRecord]:
+        """(offset, key, value) of the records in ``[lo, hi)`` (``hi`` at most the end), read ``chunk`` offsets
+        at a time (:meth:`_read`)."""
+        tp = TopicPartition(topic, partition)
         out: list[RawRecord] = []
         while lo < hi:
             step = min(hi, lo + chunk)
