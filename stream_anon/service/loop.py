@@ -46,6 +46,7 @@ from stream_anon.service.recovery import PartitionRecovery
 from stream_anon.service.ticks import ReleaseTicks
 from stream_anon.service.totals import BatchAccounting, MainPathTotals
 from stream_anon.service.workers import (
+    WORKER_CHUNK_RECORDS,
     Backend,
     CreatePartition,
     ExpirePartition,
@@ -219,9 +220,9 @@ class MainLoop:
 
     # ------------------------------------------------------------------ input
     def _submit(self, partition: int, recs: Sequence[Any], now: float) -> bool:
-        """Hand consumed records (polled records or :class:`Unreadable`) of one partition to its pipeline,
-        recovering the partition first when it is new.  False: they were not taken (the consumer was moved back
-        to the partition's start; they come again)."""
+        """Hand consumed records (polled records or :class:`Unreadable`) of one partition to its pipeline (in
+        chunks of ``WORKER_CHUNK_RECORDS``), recovering the partition first when it is new.  False: they were not
+        taken (the consumer was moved back to the partition's start; they come again)."""
         if partition not in self.table:
             start = self._start_offset(partition, recs[0].offset)
             if start is None:
@@ -232,7 +233,8 @@ class MainLoop:
         msgs: tuple[RawMessage, ...] = tuple(
             (r.offset, None, None, (), None, (r.reason, r.error)) if isinstance(r, Unreadable)
             else (r.offset, r.value, r.key, r.headers, r.timestamp, None) for r in recs)
-        self.backend.submit(ProcessBatch(partition, msgs, now))
+        for i in range(0, len(msgs), WORKER_CHUNK_RECORDS):
+            self.backend.submit(ProcessBatch(partition, msgs[i:i + WORKER_CHUNK_RECORDS], now))
         owned = self.table.get(partition)
         if owned is not None:
             owned.last_input = now
@@ -262,7 +264,7 @@ class MainLoop:
     def _collect(self, *, wait_all: bool, timeout: float | None = None) -> None:
         """Step 1 for the finished batches: their ledger entries go to the ledger; take over the partitions' new
         watermarks.  ``timeout``: a worker that does not answer within it raises :class:`WorkerError`."""
-        for res in self.backend.results(wait_all=wait_all, timeout=timeout):
+        for res in self.backend.results(wait_all=wait_all, timeout=timeout, idle=self._send_acknowledged):
             owned = self.table.get(res.partition)
             if owned is not None:
                 owned.report(watermark=res.watermark, next_offset=res.next_offset, buffered=res.buffered,
@@ -271,6 +273,11 @@ class MainLoop:
             if entries:
                 self.outbox.write(res.partition, entries)
             self.accounting.record(res, owned)
+
+    def _send_acknowledged(self) -> bool:
+        """Step 2 while the loop waits for a busy worker; whether outputs still wait for their entries."""
+        self.outbox.send_acknowledged()
+        return self.outbox.waiting
 
     def _unwritten(self, topic: str) -> bool:
         """Whether no owned partition ever had an output of ``topic``'s role acknowledged (this incarnation or an
@@ -372,7 +379,8 @@ class MainLoop:
         owned = self.table.partitions()
         log.warning("%s: closing the ledger and output producers and creating new ones; partitions %s recover from "
                     "the ledger", error, owned)
-        self.backend.results(wait_all=True)  # abandoned: their records are consumed again
+        for _ in self.backend.results(wait_all=True):
+            pass  # abandoned: their records are consumed again
         self.backend.drop(owned)
         self.table.clear()
         self.outbox.abandon()

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -44,6 +44,23 @@ RawMessage = tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | 
                    tuple[str, str] | None]
 """(offset, value, key, headers, timestamp_ms, unreadable) of one input message (cheap to pickle); ``unreadable``:
 (reason, the client's error) for a record it could not read (value, key and headers are then None/empty)."""
+
+IDLE_SLICE_SECONDS = 0.005
+"""While the loop waits for a busy worker (backpressure), how often it sends the outputs whose ledger entries were
+acknowledged meanwhile: without it they waited for the worker's whole batch (the release-to-publish latency)."""
+
+WORKER_CHUNK_RECORDS = 500
+"""The loop hands a poll's records of one partition to its worker in chunks of at most this many, and writes each
+chunk's ledger entries (then sends its outputs) as soon as that chunk is processed: a class released early in a
+large poll (up to ``kafka.max_poll_records``) does not wait for the rest of the poll to be processed."""
+
+MAX_IN_FLIGHT = 1 + 5_000 // WORKER_CHUNK_RECORDS
+"""Chunks (or other requests) a worker may hold before the loop waits for it (backpressure): 11, so after the wait
+at most ten chunks (5,000 records) wait in a worker, the depth one poll batch at the default
+``kafka.max_poll_records`` gave before the chunks (work for the worker while the loop commits and polls)."""
+
+STOP_SLICE_SECONDS = 0.2
+"""While the loop waits for a busy worker with nothing else to do, how often it looks whether the service stops."""
 
 EntryFactoryMaker = Callable[[int, str], EntryFactory]
 """(partition, incarnation) -> the partition's :class:`EntryFactory` (``wiring.make_entry_factory``)."""
@@ -141,9 +158,14 @@ class Backend(Protocol):
 
     def submit(self, work: Work) -> None: ...
 
-    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
-        """Results of finished work, in submission order per partition (``wait_all``: of all submitted work;
-        ``timeout``: raise :class:`WorkerError` rather than wait longer)."""
+    def results(self, *, wait_all: bool = False, timeout: float | None = None,
+                idle: Callable[[], bool] | None = None) -> Iterator[PartitionResult]:
+        """Results of finished work, in submission order per partition, each handed out as soon as it is there
+        (the caller writes its ledger entries before the next wait); ``wait_all``: of all submitted work;
+        ``timeout``: raise :class:`WorkerError` rather than wait longer.  ``idle``: called every
+        ``IDLE_SLICE_SECONDS`` while the backpressure wait lasts (the loop sends the outputs whose ledger entries
+        were acknowledged meanwhile); it returns whether it still waits for something (else the wait is coarser).
+        A result not taken yet when the caller stops iterating stays for the next call."""
         ...
 
     def drop(self, partitions: Iterable[int]) -> None: ...
@@ -209,10 +231,10 @@ class InlineBackend:
     def submit(self, work: Work) -> None:
         self._ready.append(self._p.run(work))
 
-    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
-        out = list(self._ready)
-        self._ready.clear()
-        return out
+    def results(self, *, wait_all: bool = False, timeout: float | None = None,
+                idle: Callable[[], bool] | None = None) -> Iterator[PartitionResult]:
+        while self._ready:
+            yield self._ready.popleft()
 
     def drop(self, partitions: Iterable[int]) -> None:
         self._p.drop(partitions)
@@ -274,6 +296,19 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
         th.join(10)
 
 
+def wait_for_result(conn: Connection, *, idle: Callable[[], bool] | None = None,
+                    stop: Callable[[], bool] | None = None) -> bool:
+    """Wait for a result on ``conn`` (the loop's backpressure wait), in slices: ``IDLE_SLICE_SECONDS`` while
+    ``idle`` (called before each slice) says it still waits for something, else ``STOP_SLICE_SECONDS``.  True once
+    a result is there; False as soon as ``stop`` says the service stops."""
+    busy = idle is not None and idle()
+    while not conn.poll(IDLE_SLICE_SECONDS if busy else STOP_SLICE_SECONDS):
+        if stop is not None and stop():
+            return False
+        busy = idle is not None and idle()
+    return True
+
+
 class ProcessBackend:
     """Pipelines in ``n`` worker processes; at most ``max_in_flight`` batches outstanding per worker.
 
@@ -281,7 +316,8 @@ class ProcessBackend:
     that a busy or frozen worker does not read: only :meth:`results` waits for a worker, and that wait looks at
     ``stop`` (a stop is never held by a worker)."""
 
-    def __init__(self, cfg: Config, n: int, max_in_flight: int = 2, *, stop: Callable[[], bool] | None = None) -> None:
+    def __init__(self, cfg: Config, n: int, max_in_flight: int = MAX_IN_FLIGHT, *,
+                 stop: Callable[[], bool] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.stop = stop  # true: a wait for a busy worker (backpressure) ends at once (the stop path takes over)
         self.n = n
@@ -346,29 +382,22 @@ class ProcessBackend:
             raise WorkerError(f"pipeline worker {w}: {msg.request}: {msg.error}")
         return msg
 
-    def results(self, *, wait_all: bool = False, timeout: float | None = None) -> list[PartitionResult]:
-        """Results available now; with ``wait_all`` every outstanding one; otherwise waits only while a worker has
-        ``max_in_flight`` batches outstanding (backpressure).  ``timeout``: give up waiting after that many seconds
-        (:class:`WorkerError`: a worker that does not answer, e.g. on the stop path)."""
+    def results(self, *, wait_all: bool = False, timeout: float | None = None,
+                idle: Callable[[], bool] | None = None) -> Iterator[PartitionResult]:
+        """Results available now, one at a time (:meth:`Backend.results`); with ``wait_all`` every outstanding
+        one; otherwise waits only while a worker has ``max_in_flight`` batches outstanding (backpressure), calling
+        ``idle`` meanwhile.  ``timeout``: give up waiting after that many seconds (:class:`WorkerError`: a worker
+        that does not answer, e.g. on the stop path)."""
         limit = self.max_in_flight - 1
         deadline = None if timeout is None else time.monotonic() + timeout
-        out: list[PartitionResult] = []
         for w, conn in enumerate(self._results):
             while self._in_flight[w] and (wait_all or self._in_flight[w] > limit or conn.poll()):
                 if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                     raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) did not answer within "
                                       f"{timeout:.0f} s")
-                if deadline is None and not wait_all and not self._answered(conn):
-                    return out  # stopping while a worker is busy: the stop path collects (bounded)
-                out.append(self._recv(w))
-        return out
-
-    def _answered(self, conn: Connection) -> bool:
-        """Wait for a result on ``conn`` (backpressure), in slices; False as soon as the service stops."""
-        while not conn.poll(0.2):
-            if self.stop is not None and self.stop():
-                return False
-        return True
+                if deadline is None and not wait_all and not wait_for_result(conn, idle=idle, stop=self.stop):
+                    return  # stopping while a worker is busy: the stop path collects (bounded)
+                yield self._recv(w)
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
