@@ -14,7 +14,13 @@ from stream_anon.kafka_io.confluent_poller import Record
 from stream_anon.service.loop import MainLoop
 from stream_anon.service.partitions import PartitionTable
 from stream_anon.service.wiring import with_release_secret
-from stream_anon.service.workers import WORKER_CHUNK_RECORDS, CreatePartition, ProcessBackend, ProcessBatch
+from stream_anon.service.workers import (
+    WORKER_CHUNK_RECORDS,
+    CreatePartition,
+    ExpirePartition,
+    ProcessBackend,
+    ProcessBatch,
+)
 
 
 class _RecordingBackend:
@@ -55,5 +61,25 @@ def test_results_come_one_at_a_time_and_what_is_not_taken_stays() -> None:
         rest = list(backend.results(wait_all=True))
         assert [r.next_offset for r in rest] == [4, 6]
         assert backend.pending == 0
+    finally:
+        backend.close()
+
+
+@pytest.mark.integration  # starts a pipeline worker process
+def test_the_loop_can_wait_for_a_worker_that_processes_records_and_not_for_one_that_does_not() -> None:
+    cfg, _ = with_release_secret(Config.load(env={}, overrides={"anonymization.seed": 1}))
+    backend = ProcessBackend(cfg, 1)
+    try:
+        backend.create(CreatePartition(0, 0, (), 0, "test"))
+        assert backend.pending_records == 0
+        assert not backend.wait(0.01)  # nothing processes records: no wait at all
+        backend.submit(ExpirePartition(0, 1.0))  # work without records (the wall-clock bound)
+        assert backend.pending == 1 and backend.pending_records == 0
+        assert not backend.wait(0.01)  # the loop does not wait for it (its poll waits for input instead)
+        backend.submit(ProcessBatch(0, ((0, b"not json", None, (), 1, None),), 1.0))
+        assert backend.pending_records == 1
+        assert backend.wait(60.0)  # a deadline, not an expectation: the result ends the wait
+        assert [r.n_messages for r in backend.results(wait_all=True)] == [0, 1]
+        assert backend.pending == 0 and backend.pending_records == 0
     finally:
         backend.close()

@@ -178,6 +178,8 @@ class MainLoop:
                     self._submit(p, recs, now)
             self._expire_and_flush(now)
             self.outbox.send_acknowledged()  # step 2 for what was acknowledged meanwhile, before waiting for a worker
+            if not batch and self.backend.pending_records:  # no input: wait for the busy worker (the poll did not wait)
+                self.backend.wait(cfg.service.poll_timeout_ms / 1000.0, idle=self._send_acknowledged)
             self._collect(wait_all=False)  # step 1 (waits while a worker has too many batches: backpressure)
             self._release_held(self.table, time.time())  # step 1 for the classes of the ticks that ended
             main.view = LoopView(main.view.assigned, self.table.positions())
@@ -294,8 +296,9 @@ class MainLoop:
             self.outbox.write(o.partition, entries)
 
     def _poll_timeout_ms(self) -> int:
-        """No wait while outputs wait for their entries; else the poll timeout, or less when a tick ends sooner."""
-        if self.outbox.waiting:
+        """No wait while outputs wait for their entries or a worker processes records (the loop waits for it instead);
+        else the poll timeout, or less when a tick ends sooner."""
+        if self.outbox.waiting or self.backend.pending_records:
             return 0
         timeout = self.cfg.service.poll_timeout_ms
         until_tick = self.ticks.seconds_to_next(self.table, time.time())

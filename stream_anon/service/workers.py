@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as mp_wait
 from multiprocessing.process import BaseProcess
 from typing import Protocol
 
@@ -154,6 +155,11 @@ class Backend(Protocol):
         """Work submitted whose result was not collected yet."""
         ...
 
+    @property
+    def pending_records(self) -> int:
+        """Input messages submitted (:class:`ProcessBatch`) whose results were not collected yet."""
+        ...
+
     def create(self, request: CreatePartition) -> None: ...
 
     def submit(self, work: Work) -> None: ...
@@ -166,6 +172,12 @@ class Backend(Protocol):
         ``IDLE_SLICE_SECONDS`` while the backpressure wait lasts (the loop sends the outputs whose ledger entries
         were acknowledged meanwhile); it returns whether it still waits for something (else the wait is coarser).
         A result not taken yet when the caller stops iterating stays for the next call."""
+        ...
+
+    def wait(self, timeout_s: float, *, idle: Callable[[], bool] | None = None) -> bool:
+        """Wait up to ``timeout_s`` for a result of a worker processing records (calling ``idle`` meanwhile, as
+        :meth:`results`); False at once when none is.  The loop waits here, not in the consumer's
+        poll, when no input came and a worker is busy: a chunk's entries are written as soon as it is done."""
         ...
 
     def drop(self, partitions: Iterable[int]) -> None: ...
@@ -225,6 +237,10 @@ class InlineBackend:
     def pending(self) -> int:
         return len(self._ready)
 
+    @property
+    def pending_records(self) -> int:
+        return sum(r.n_messages for r in self._ready)
+
     def create(self, request: CreatePartition) -> None:
         self._p.create(request)
 
@@ -235,6 +251,9 @@ class InlineBackend:
                 idle: Callable[[], bool] | None = None) -> Iterator[PartitionResult]:
         while self._ready:
             yield self._ready.popleft()
+
+    def wait(self, timeout_s: float, *, idle: Callable[[], bool] | None = None) -> bool:
+        return bool(self._ready)  # inline work is done when submitted
 
     def drop(self, partitions: Iterable[int]) -> None:
         self._p.drop(partitions)
@@ -296,17 +315,25 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
         th.join(10)
 
 
-def wait_for_result(conn: Connection, *, idle: Callable[[], bool] | None = None,
-                    stop: Callable[[], bool] | None = None) -> bool:
-    """Wait for a result on ``conn`` (the loop's backpressure wait), in slices: ``IDLE_SLICE_SECONDS`` while
-    ``idle`` (called before each slice) says it still waits for something, else ``STOP_SLICE_SECONDS``.  True once
-    a result is there; False as soon as ``stop`` says the service stops."""
+def wait_for_results(conns: Sequence[Connection], *, timeout_s: float | None = None,
+                     idle: Callable[[], bool] | None = None, stop: Callable[[], bool] | None = None) -> bool:
+    """Wait until a result is on one of ``conns`` (the loop's waits for busy workers), in slices:
+    ``IDLE_SLICE_SECONDS`` while ``idle`` (called before each slice) says it still waits for something, else
+    ``STOP_SLICE_SECONDS``.  True once a result is there; False as soon as ``stop`` says the service stops, or when
+    ``timeout_s`` passed."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     busy = idle is not None and idle()
-    while not conn.poll(IDLE_SLICE_SECONDS if busy else STOP_SLICE_SECONDS):
+    while True:
+        slice_s = IDLE_SLICE_SECONDS if busy else STOP_SLICE_SECONDS
+        if deadline is not None:
+            slice_s = min(slice_s, deadline - time.monotonic())
+            if slice_s <= 0:
+                return False
+        if mp_wait(conns, slice_s):
+            return True
         if stop is not None and stop():
             return False
         busy = idle is not None and idle()
-    return True
 
 
 class ProcessBackend:
@@ -325,6 +352,8 @@ class ProcessBackend:
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
         self._in_flight: list[int] = [0] * n
+        self._sizes: list[deque[int]] = [deque() for _ in range(n)]  # messages of each request in flight, in order
+        self._records_in_flight: list[int] = [0] * n
         self._results: list[Connection] = []
         for i in range(n):
             req_read, req_write = ctx.Pipe(duplex=False)
@@ -364,6 +393,10 @@ class ProcessBackend:
     def pending(self) -> int:
         return sum(self._in_flight)
 
+    @property
+    def pending_records(self) -> int:
+        return sum(self._records_in_flight)
+
     def create(self, request: CreatePartition) -> None:
         self._send(self._w(request.partition), request)
 
@@ -371,6 +404,9 @@ class ProcessBackend:
         w = self._w(work.partition)
         self._send(w, work)
         self._in_flight[w] += 1
+        n = len(work.messages) if isinstance(work, ProcessBatch) else 0
+        self._sizes[w].append(n)
+        self._records_in_flight[w] += n
 
     def _recv(self, w: int) -> PartitionResult:
         try:
@@ -378,6 +414,7 @@ class ProcessBackend:
         except (EOFError, OSError) as e:
             raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) died: {e!r}") from e
         self._in_flight[w] -= 1
+        self._records_in_flight[w] -= self._sizes[w].popleft()
         if isinstance(msg, WorkerFailure):
             raise WorkerError(f"pipeline worker {w}: {msg.request}: {msg.error}")
         return msg
@@ -395,9 +432,13 @@ class ProcessBackend:
                 if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                     raise WorkerError(f"pipeline worker {w} (pid {self._procs[w].pid}) did not answer within "
                                       f"{timeout:.0f} s")
-                if deadline is None and not wait_all and not wait_for_result(conn, idle=idle, stop=self.stop):
+                if deadline is None and not wait_all and not wait_for_results([conn], idle=idle, stop=self.stop):
                     return  # stopping while a worker is busy: the stop path collects (bounded)
                 yield self._recv(w)
+
+    def wait(self, timeout_s: float, *, idle: Callable[[], bool] | None = None) -> bool:
+        conns = [conn for w, conn in enumerate(self._results) if self._records_in_flight[w]]
+        return bool(conns) and wait_for_results(conns, timeout_s=timeout_s, idle=idle, stop=self.stop)
 
     def drop(self, partitions: Iterable[int]) -> None:
         for p in partitions:
