@@ -55,10 +55,11 @@ WORKER_CHUNK_RECORDS = 500
 chunk's ledger entries (then sends its outputs) as soon as that chunk is processed: a class released early in a
 large poll (up to ``kafka.max_poll_records``) does not wait for the rest of the poll to be processed."""
 
-MAX_IN_FLIGHT = 1 + 5_000 // WORKER_CHUNK_RECORDS
-"""Chunks (or other requests) a worker may hold before the loop waits for it (backpressure): 11, so after the wait
-at most ten chunks (5,000 records) wait in a worker, the depth one poll batch at the default
-``kafka.max_poll_records`` gave before the chunks (work for the worker while the loop commits and polls)."""
+MAX_IN_FLIGHT = 3
+"""Requests (chunks of records, mostly) a worker may hold before the loop waits for it (backpressure): after the
+wait at most two wait there (up to 1,000 records: work for the worker while the loop commits and polls).  The
+loop polls again only then, so what arrives meanwhile comes as one larger chunk, not as many small ones (each
+costs a round trip and its own entries)."""
 
 STOP_SLICE_SECONDS = 0.2
 """While the loop waits for a busy worker with nothing else to do, how often it looks whether the service stops."""
