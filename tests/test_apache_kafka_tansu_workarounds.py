@@ -167,7 +167,7 @@ def test_a_highwater_dip_after_a_leader_kill_ends_within_the_confirmation_window
                            metadata_max_age_ms=1000)
     results = []
     try:
-        for _ in range(2):
+        for kill_no in range(2):
             deadline = time.monotonic() + 60
             while acked[0] < 2000 + (results[-1][2] if results else 0):  # a stream is flowing
                 assert time.monotonic() < deadline and writer.is_alive()
@@ -198,8 +198,10 @@ def test_a_highwater_dip_after_a_leader_kill_ends_within_the_confirmation_window
                             below_since = None
                         floor = hw
             results.append((leader, probes, floor, lowest, round(longest, 2)))
-            cluster.start_node(leader)
-            cluster.wait_in_sync(["hwk"])
+            if kill_no == 0:  # back in sync for the second kill (3 replicas again); after it nothing follows: its
+                # restart (~20 s under the stream) and resync measured nothing
+                cluster.start_node(leader)
+                cluster.wait_in_sync(["hwk"])
     finally:
         stop.set()
         writer.join(30)
