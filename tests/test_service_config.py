@@ -640,3 +640,15 @@ def test_every_cli_module_with_a_register_function_is_a_command_module() -> None
         if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
             defines_register.add(path.stem)
     assert defines_register == listed
+
+
+def test_the_loss_confirmation_window_is_an_option_defaulting_to_the_guards_constant() -> None:
+    """``service.loss_confirm_seconds``: how long an end below a floor is read again before it is a loss (exit 4);
+    by default the broker guard's ``HIGHWATER_CONFIRM_SECONDS``, 0 allowed (the first read decides), never negative."""
+    from stream_anon.service.broker_guard import HIGHWATER_CONFIRM_SECONDS
+
+    assert Config().service.loss_confirm_seconds == HIGHWATER_CONFIRM_SECONDS
+    assert Config.load(env={}, overrides={"service.loss_confirm_seconds": "1"}).service.loss_confirm_seconds == 1.0
+    assert Config.load(env={}, overrides={"service.loss_confirm_seconds": "0"}).service.loss_confirm_seconds == 0.0
+    with pytest.raises(ConfigError, match="loss_confirm_seconds"):
+        Config.load(env={}, overrides={"service.loss_confirm_seconds": "-1"})

@@ -216,6 +216,7 @@ class ServiceSettings:
     side_paths_mode: str = "process"  # process | thread | off: how run/demo start the side paths (own group)
     side_metrics_port: int = 9109  # side-path metrics endpoint in "process" mode (0 = off)
     healthz_stall_seconds: float = 60.0  # /healthz answers 503 once the main loop has not ticked for this long
+    loss_confirm_seconds: float = 10.0  # an end below what was committed/acknowledged is a loss only if it stays so
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,8 @@ class Config:
              s.side_metrics_port),
             ("service.healthz_stall_seconds", s.healthz_stall_seconds > 0, "a number of seconds > 0",
              s.healthz_stall_seconds),
+            ("service.loss_confirm_seconds", s.loss_confirm_seconds >= 0, "a number of seconds >= 0",
+             s.loss_confirm_seconds),
             ("service.side_paths_mode", s.side_paths_mode in ("process", "thread", "off"), "process, thread or off",
              s.side_paths_mode),
             ("service.idle_flush_seconds", s.idle_flush_seconds >= 0, "a number >= 0 (0 = never)",

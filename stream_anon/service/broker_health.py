@@ -57,7 +57,8 @@ class BrokerHealth:
 
     def __init__(self, guard: BrokerGuard, poller: Poller, reader: PartitionReader, *, kafka: KafkaSettings,
                  input_topic: str, ledger_topic: str, ledger_partition: Callable[[int], int],
-                 owned: Callable[[], Iterable[int]], stopping: Callable[[], bool]) -> None:
+                 owned: Callable[[], Iterable[int]], stopping: Callable[[], bool],
+                 confirm_seconds: float = HIGHWATER_CONFIRM_SECONDS) -> None:
         self.guard = guard
         self.poller = poller
         self.reader = reader
@@ -67,6 +68,7 @@ class BrokerHealth:
         self.ledger_partition = ledger_partition
         self.owned = owned
         self.stopping = stopping
+        self.confirm_seconds = confirm_seconds
         now = time.monotonic()
         self.outage_since: float | None = None  # during an outage: monotonic time of the last answer
         self._check_at = now + BROKER_CHECK_SECONDS
@@ -148,7 +150,7 @@ class BrokerHealth:
 
     def confirmed_below_floor(self, suspects: Iterable[tuple[str, int]]) -> list[str]:
         """The partitions among ``suspects`` (topic, partition) whose end stays below its floor: fresh reads until
-        each is at or above it, for at most ``HIGHWATER_CONFIRM_SECONDS`` (a replicated cluster's new leader can
+        each is at or above it, for at most ``service.loss_confirm_seconds`` (a replicated cluster's new leader can
         report a lower highwater for a moment, docs/tansu.md); one line per loss left (none while stopping)."""
         floors = self.guard.floors
         pending: dict[tuple[str, int], str] = {tp: "" for tp in suspects}
@@ -172,7 +174,7 @@ class BrokerHealth:
                     pending[(topic, partition)] = problem
             if not pending or self.stopping():
                 return []
-            if time.monotonic() - t0 >= HIGHWATER_CONFIRM_SECONDS:
+            if time.monotonic() - t0 >= self.confirm_seconds:
                 return [problem or f"{topic}[{partition}] unreadable" for (topic, partition), problem
                         in sorted(pending.items())]
             time.sleep(0.2)

@@ -147,7 +147,8 @@ def open_main_clients(cfg: Config, stack: ExitStack, *, metrics: ServiceMetrics,
     stack.callback(reader.close)
     n_ledger = counts[topics.ledger]
     health = BrokerHealth(guard, poller, reader, kafka=k, input_topic=topics.input, ledger_topic=topics.ledger,
-                          ledger_partition=lambda p: p % n_ledger, owned=owned, stopping=stopping)
+                          ledger_partition=lambda p: p % n_ledger, owned=owned, stopping=stopping,
+                          confirm_seconds=cfg.service.loss_confirm_seconds)
     # polls that keep failing while the broker answers end the run (exit 1: a supervisor starts a fresh member)
     poller.failures = FailingPolls(cfg.service.producer_recovery_seconds, lambda: health.check_data(force=True),
                                    pause_s=min(1.0, cfg.service.poll_timeout_ms / 1000.0))

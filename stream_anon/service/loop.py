@@ -34,7 +34,6 @@ from stream_anon.kafka_io.clients import retry
 from stream_anon.kafka_io.errors import BrokerUnavailableError, MessageRejectedError, ProducerFatalError
 from stream_anon.kafka_io.lifecycle import StopClock
 from stream_anon.metrics.definitions import ServiceMetrics
-from stream_anon.service.broker_guard import HIGHWATER_CONFIRM_SECONDS
 from stream_anon.service.clients import LOOP_REQUEST_TIMEOUT_MS, MainClients
 from stream_anon.service.committer import CommitProgress, Committer
 from stream_anon.service.failure_policy import ProducerFailurePolicy
@@ -112,7 +111,7 @@ class MainLoop:
         self.recovery = PartitionRecovery(self.table, self.producers, clients.reader, topics,
                                           group=self.cfg.kafka.group_id, chunk=self.cfg.service.readback_chunk,
                                           retry=self._retry, on_ledger=self.health.note_ledger,
-                                          confirm_seconds=HIGHWATER_CONFIRM_SECONDS)
+                                          confirm_seconds=self.cfg.service.loss_confirm_seconds)
         self.accounting = BatchAccounting(main.totals, main.metrics, input_topic=topics.input, anon_topic=topics.roles[
             "anon"])
         self.lag = LagMonitor(self.cfg, main.metrics, lambda: main.view)
