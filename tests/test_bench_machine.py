@@ -35,3 +35,14 @@ def test_without_proc_stat_the_figures_say_nothing_rather_than_divide_by_zero() 
     m = machine_figures(records=0, seconds=0.0, busy_seconds=0.0)
     assert m["machine_cpu_us_per_record"] == 0.0 and m["busy_cores"] == 0.0
     assert m["cpu_ceiling_records_per_second"] != m["cpu_ceiling_records_per_second"]  # nan
+
+
+def test_a_latency_run_replays_its_length_at_its_rate_or_whole_passes() -> None:
+    """``--latency-seconds`` at the run's rate: the first records of ADULT when fewer than a pass (a short run stays
+    short), else whole passes of ADULT (32,561 records each)."""
+    from stream_anon.bench.service import ADULT_RECORDS, latency_records
+
+    assert latency_records(3511.2, 5) == (1, 17556, 17556)
+    assert latency_records(3000, 10) == (1, 30000, 30000)
+    assert latency_records(8000, 10) == (3, None, 3 * ADULT_RECORDS)
+    assert latency_records(0.1, 1) == (1, 1, 1)

@@ -19,6 +19,10 @@ from stream_anon.config.settings import DEFAULT_TICK_SECONDS
 from stream_anon.kafka_io.broker import EmbeddedBroker
 
 ADULT_RECORDS = 32561
+# each latency run sends this many seconds of records at its rate: enough for records sent after the partitions'
+# recovery (the steady state, which starts ~1-2 s into the run), fewer than ADULT (until 2026-11-28 the bench sent a
+# whole pass for any length: 1 s took 9 s per run)
+LATENCY_SECONDS = 5
 
 
 @pytest.mark.integration
@@ -27,7 +31,7 @@ def test_bench_service_measures_every_phase_and_reports_it(broker: EmbeddedBroke
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "stream_anon", "bench", "service", "--bootstrap-servers", broker.bootstrap_servers,
-         "--adult", str(adult_path), "--loops", "1", "--repeat", "1", "--latency-seconds", "1", "--json", str(out)],
+         "--adult", str(adult_path), "--loops", "1", "--repeat", "1", "--latency-seconds", str(LATENCY_SECONDS), "--json", str(out)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

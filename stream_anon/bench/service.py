@@ -14,7 +14,7 @@ Per broker:
    acknowledged and its offset committed (without release ticks unless ``--set release.tick_seconds=...``: the last
    classes would wait for the end of their tick).  The medians and the ratios main path / each passthrough are printed.
 2. **Latency** at 50% of the measured main-path maximum: a replay *process* sends ADULT at that rate while the
-   main path runs; ingest-to-release latency = release time in the pipeline - the input message's timestamp
+   main path runs, for ``--latency-seconds`` (the first records of ADULT when fewer than a pass, else whole passes); ingest-to-release latency = release time in the pipeline - the input message's timestamp
    (producer create time, same machine, from the ledger), and ingest-to-publish latency = the class message's
    Kafka timestamp (the end of its release tick, ``release.tick_seconds``; with 0: produced once its ledger entry
    is acknowledged) - the input message's timestamp;
@@ -141,10 +141,15 @@ def _metered(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _replay(bs: str, topic: str, adult: str, *, rate: float = 0.0, loops: int = 1, partitions: int = 1) -> None:
+ADULT_RECORDS = 32561
+"""Records in ADULT (one pass of the replay)."""
+
+
+def _replay(bs: str, topic: str, adult: str, *, rate: float = 0.0, loops: int = 1, partitions: int = 1,
+            limit: int | None = None) -> None:
     cmd = [sys.executable, "-m", "replay_tools", "kafka", "--adult", adult, "--topic", topic,
            "--bootstrap-servers", bs, "--rate", str(rate), "--loop", str(loops), "--partitions", str(partitions),
-           "--no-progress"]
+           "--no-progress", *(["--limit", str(limit)] if limit is not None else [])]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -424,6 +429,17 @@ def latency_ticks(cfg: Config, args: argparse.Namespace) -> list[float]:
     return [0.0] if cfg.release.tick_seconds == 0 else [0.0, cfg.release.tick_seconds]
 
 
+def latency_records(rate: float, seconds: float) -> tuple[int, int | None, int]:
+    """What a latency run of ``seconds`` at ``rate`` replays: (passes over ADULT, records per pass or None for whole
+    passes, records in all).  The first records of ADULT when that is fewer than a pass, else whole passes (until
+    2026-11-28 always at least a whole pass: the test's 1 s runs sent 32,561 records for 9 s each)."""
+    wanted = max(1, int(np.ceil(rate * seconds)))
+    loops = max(1, int(np.ceil(wanted / ADULT_RECORDS)))
+    if loops == 1:
+        return 1, wanted, wanted
+    return loops, None, ADULT_RECORDS * loops
+
+
 def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rate: float,
                 tick_seconds: float) -> dict[str, Any]:
     """Ingest-to-release and ingest-to-publish latency of the main path while a replay process sends ADULT at
@@ -431,12 +447,11 @@ def latency_run(bs: str, name: str, args: argparse.Namespace, adult: str, *, rat
     recovery (the steady state) and over all (``*_all``)."""
     lat_prefix = f"bench{uuid.uuid4().hex[:6]}lat"
     lcfg = _config(bs, lat_prefix, args).with_options({"release.tick_seconds": tick_seconds})
-    loops = max(1, int(np.ceil(rate * args.latency_seconds / 32561)))
-    n_lat = 32561 * loops
+    loops, limit, n_lat = latency_records(rate, args.latency_seconds)
 
     def replay_at_rate() -> None:
         def go() -> None:
-            _replay(bs, lcfg.topics.input, adult, rate=rate, loops=loops, partitions=args.partitions)
+            _replay(bs, lcfg.topics.input, adult, rate=rate, loops=loops, partitions=args.partitions, limit=limit)
             pr = KafkaProducer(bootstrap_servers=bs)
             send_flush_markers(pr, lcfg.topics.input, list(range(args.partitions)))
             pr.close()
@@ -566,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--linger-ms", type=int, default=20)
     ap.add_argument("--commit-interval-ms", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of passthroughs + main path (median reported)")
-    ap.add_argument("--latency-seconds", type=float, default=10.0, help="length of the 50%%-rate latency run")
+    ap.add_argument("--latency-seconds", type=float, default=10.0,
+                    help="length of each 50%%-rate latency run: that many seconds of records at that rate (the first "
+                         "records of ADULT when fewer than a pass, else whole passes)")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--consumer-clients", default=None, metavar="CLIENT[,CLIENT]",
                     help="main path once per consumer client each round (e.g. confluent-kafka,kafka-python; the "
