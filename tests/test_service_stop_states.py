@@ -59,14 +59,14 @@ def timed_stop(svc: ServiceProcess) -> tuple[int, float]:
     return rc, seconds
 
 
-def drain_and_check(b: Broker, prefix: str, log: Path, n: int) -> dict[str, Any]:
+def drain_and_check(b: Broker, prefix: str, log: Path, n: int, *extra: str) -> dict[str, Any]:
     """End markers, a new process drains everything; lost / duplicated / k-violations from the ledger."""
     p = KafkaProducer(bootstrap_servers=b.bootstrap_servers)
     send_flush_markers(p, f"{prefix}.raw", list(range(PARTITIONS)))
     p.close()
     ends = partition_ends(b.bootstrap_servers, f"{prefix}.raw")
     assert sum(ends.values()) == n + PARTITIONS
-    with ServiceProcess(service_cmd(b.bootstrap_servers, prefix), log) as svc:
+    with ServiceProcess(service_cmd(b.bootstrap_servers, prefix, *extra), log) as svc:
         t0 = time.monotonic()
         wait_for("drained after the stop", drained(b.bootstrap_servers, prefix, ends), svc, 300)
         recovered = time.monotonic() - t0
@@ -83,8 +83,12 @@ def drain_and_check(b: Broker, prefix: str, log: Path, n: int) -> dict[str, Any]
 @pytest.mark.timeout(900)
 def test_stop_with_the_broker_frozen_under_load(own_broker: Broker, adult_path: Path, tmp_path: Path) -> None:
     b, prefix = own_broker, f"sfz{uuid.uuid4().hex[:6]}"
+    # 3 s group sessions on Tansu: the member stopped while the broker is frozen cannot leave the group, and Tansu
+    # holds the partitions from the draining process until it expires that member (recovered 19 s after the start
+    # with 6 s sessions, docs/tansu.md); Apache Kafka refuses sessions below 6 s (group.min.session.timeout.ms)
+    sessions = ("--set", "kafka.session_timeout_ms=3000") if b.name == "tansu" else ()
     replay_records(rows(adult_path, BACKLOG), f"{prefix}.raw", b.bootstrap_servers, partitions=PARTITIONS)
-    svc = ServiceProcess(service_cmd(b.bootstrap_servers, prefix), tmp_path / "run.log")
+    svc = ServiceProcess(service_cmd(b.bootstrap_servers, prefix, *sessions), tmp_path / "run.log")
     with svc:
         wait_for("progress", lambda: sum(committed(b.bootstrap_servers, f"{prefix}-main", f"{prefix}.raw",
                                                    PARTITIONS).values()) > 1000, svc, 180)
@@ -93,7 +97,7 @@ def test_stop_with_the_broker_frozen_under_load(own_broker: Broker, adult_path: 
             rc, seconds = timed_stop(svc)
         finally:
             b.thaw()
-    got = drain_and_check(b, prefix, tmp_path / "drain.log", BACKLOG)
+    got = drain_and_check(b, prefix, tmp_path / "drain.log", BACKLOG, *sessions)
     record_figures("SIGTERM, broker frozen under load", b.name, records_in=BACKLOG, lost=got["lost"],
                    duplicated=got["duplicated"], k_violations=got["k_violations"], exit=rc, stop_s=round(seconds, 1),
                    recover_s=got["recover_s"])
