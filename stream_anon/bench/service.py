@@ -14,8 +14,9 @@ Per broker:
    acknowledged and its offset committed (without release ticks unless ``--set release.tick_seconds=...``: the last
    classes would wait for the end of their tick).  The medians and the ratios main path / each passthrough are printed.
 2. **Latency** at 50% of the measured main-path maximum: a replay *process* sends ADULT at that rate while the
-   main path runs, for ``--latency-seconds`` (the first records of ADULT when fewer than a pass, else whole passes); ingest-to-release latency = release time in the pipeline - the input message's timestamp
-   (producer create time, same machine, from the ledger), and ingest-to-publish latency = the class message's
+   main path runs, for ``--latency-seconds`` (the first records of ADULT when fewer than a pass, else whole
+   passes); ingest-to-release latency = release time in the pipeline - the input message's timestamp (producer
+   create time, same machine, from the ledger), and ingest-to-publish latency = the class message's
    Kafka timestamp (the end of its release tick, ``release.tick_seconds``; with 0: produced once its ledger entry
    is acknowledged) - the input message's timestamp;
    p50/p99/max over the released records sent after the main path recovered its partitions (the steady state; a

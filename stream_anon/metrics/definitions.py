@@ -179,7 +179,8 @@ class ServiceMetrics:
                                       ["topic"], registry=r)
         self.processing_seconds = BulkHistogram(
             "stream_anon_processing_seconds", "Pipeline time per record (decode, validate, engine, encode): one "
-            "observation per record, its poll batch's time divided by the batch's records", buckets=PROCESSING_BUCKETS,
+            "observation per record, its chunk's time divided by the chunk's records (a poll goes to the pipeline in "
+            "chunks of at most 500)", buckets=PROCESSING_BUCKETS,
             registry=r)
         self.produce_errors = Counter("stream_anon_produce_errors", "Produce requests that failed and were retried",
                                       ["topic"], registry=producing)

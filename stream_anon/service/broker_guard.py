@@ -44,10 +44,11 @@ UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION
 
 
 HIGHWATER_CONFIRM_SECONDS = 10.0
-"""The default of ``service.loss_confirm_seconds``: an end below a floor is a loss only when fresh reads still show it
-this long after the first (and at least once more): on a replicated Apache Kafka cluster a newly elected leader's highwater can lag behind what the old
-leader had acknowledged for a moment, until its followers fetch from it (seen on three nodes under load: 1,263
-after offset 1,264 was acknowledged, a false exit 4; 2,348 after 25,200 in the leader-kill probe; docs/tansu.md)."""
+"""The default of ``service.loss_confirm_seconds``: an end below a floor is a loss only when fresh reads still
+show it this long after the first (and at least once more): on a replicated Apache Kafka cluster a newly elected
+leader's highwater can lag behind what the old leader had acknowledged for a moment, until its followers fetch from
+it (seen on three nodes under load: 1,263 after offset 1,264 was acknowledged, a false exit 4; 2,348 after 25,200
+in the leader-kill probe; docs/tansu.md)."""
 
 
 class BrokerDataLossError(RuntimeError):
