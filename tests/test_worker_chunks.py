@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,41 +46,42 @@ def test_a_large_poll_goes_to_the_pipeline_in_chunks_in_offset_order() -> None:
     assert {(w.partition, w.now) for w in backend.submitted} == {(3, 12.5)}
 
 
-@pytest.mark.integration  # starts a pipeline worker process
-def test_results_come_one_at_a_time_and_what_is_not_taken_stays() -> None:
+@pytest.fixture
+def backend() -> Iterator[ProcessBackend]:
+    """One pipeline worker process with partition 0 created."""
     cfg, _ = with_release_secret(Config.load(env={}, overrides={"anonymization.seed": 1}))
-    backend = ProcessBackend(cfg, 1)
+    b = ProcessBackend(cfg, 1)
     try:
-        backend.create(CreatePartition(0, 0, (), 0, "test"))
-        for start in (0, 2, 4):  # three chunks of two unreadable messages: each one dead-letters two records
-            backend.submit(ProcessBatch(0, tuple((o, b"not json", None, (), 1, None) for o in (start, start + 1)),
-                                        1.0))
-        assert backend.pending == 3
-        first = next(backend.results(wait_all=True))  # the caller stops after the first result
-        assert first.next_offset == 2 and len(first.entries) == 2
-        assert backend.pending == 2  # the other two were not taken: they come with the next call
-        rest = list(backend.results(wait_all=True))
-        assert [r.next_offset for r in rest] == [4, 6]
-        assert backend.pending == 0
+        b.create(CreatePartition(0, 0, (), 0, "test"))
+        yield b
     finally:
-        backend.close()
+        b.close()
 
 
 @pytest.mark.integration  # starts a pipeline worker process
-def test_the_loop_can_wait_for_a_worker_that_processes_records_and_not_for_one_that_does_not() -> None:
-    cfg, _ = with_release_secret(Config.load(env={}, overrides={"anonymization.seed": 1}))
-    backend = ProcessBackend(cfg, 1)
-    try:
-        backend.create(CreatePartition(0, 0, (), 0, "test"))
-        assert backend.pending_records == 0
-        assert not backend.wait(0.01)  # nothing processes records: no wait at all
-        backend.submit(ExpirePartition(0, 1.0))  # work without records (the wall-clock bound)
-        assert backend.pending == 1 and backend.pending_records == 0
-        assert not backend.wait(0.01)  # the loop does not wait for it (its poll waits for input instead)
-        backend.submit(ProcessBatch(0, ((0, b"not json", None, (), 1, None),), 1.0))
-        assert backend.pending_records == 1
-        assert backend.wait(60.0)  # a deadline, not an expectation: the result ends the wait
-        assert [r.n_messages for r in backend.results(wait_all=True)] == [0, 1]
-        assert backend.pending == 0 and backend.pending_records == 0
-    finally:
-        backend.close()
+def test_results_come_one_at_a_time_and_what_is_not_taken_stays(backend: ProcessBackend) -> None:
+    for start in (0, 2, 4):  # three chunks of two unreadable messages: each one dead-letters two records
+        backend.submit(ProcessBatch(0, tuple((o, b"not json", None, (), 1, None) for o in (start, start + 1)),
+                                    1.0))
+    assert backend.pending == 3
+    first = next(backend.results(wait_all=True))  # the caller stops after the first result
+    assert first.next_offset == 2 and len(first.entries) == 2
+    assert backend.pending == 2  # the other two were not taken: they come with the next call
+    rest = list(backend.results(wait_all=True))
+    assert [r.next_offset for r in rest] == [4, 6]
+    assert backend.pending == 0
+
+
+@pytest.mark.integration  # starts a pipeline worker process
+def test_the_loop_can_wait_for_a_worker_that_processes_records_and_not_for_one_that_does_not(
+        backend: ProcessBackend) -> None:
+    assert backend.pending_records == 0
+    assert not backend.wait(0.01)  # nothing processes records: no wait at all
+    backend.submit(ExpirePartition(0, 1.0))  # work without records (the wall-clock bound)
+    assert backend.pending == 1 and backend.pending_records == 0
+    assert not backend.wait(0.01)  # the loop does not wait for it (its poll waits for input instead)
+    backend.submit(ProcessBatch(0, ((0, b"not json", None, (), 1, None),), 1.0))
+    assert backend.pending_records == 1
+    assert backend.wait(60.0)  # a deadline, not an expectation: the result ends the wait
+    assert [r.n_messages for r in backend.results(wait_all=True)] == [0, 1]
+    assert backend.pending == 0 and backend.pending_records == 0
