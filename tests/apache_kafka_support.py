@@ -190,6 +190,25 @@ class ServiceProcess:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def stacks(self, timeout_s: float = 10.0) -> str:
+        """The stacks of every thread of the running service (``kill -USR1``: it writes them to its log), for a
+        failure message; what the log got within ``timeout_s`` (until it stops growing)."""
+        if self.proc.poll() is not None:
+            return "(the service has exited)"
+        mark = self.log.stat().st_size
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline, size, still_since = time.monotonic() + timeout_s, mark, time.monotonic()
+        while time.monotonic() < deadline:
+            now = self.log.stat().st_size
+            if now != size:
+                size, still_since = now, time.monotonic()
+            elif size > mark and time.monotonic() - still_since > 0.5:
+                break
+            time.sleep(0.05)
+        with open(self.log, "rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
+
     def assert_alive(self) -> None:
         assert self.proc.poll() is None, f"service exited with {self.proc.returncode}:\n{self.text()[-5000:]}"
 
@@ -224,8 +243,12 @@ def wait_for(what: str, cond: Callable[[], bool], service: ServiceProcess | None
     while not cond():
         if service is not None:
             service.assert_alive()
-        assert time.monotonic() - t0 < timeout_s, (f"timed out after {timeout_s} s waiting for {what}"
-                                                   + (f":\n{service.text()[-5000:]}" if service else ""))
+        if time.monotonic() - t0 >= timeout_s:
+            detail = ""
+            if service is not None:  # the log, then what every thread was doing (the log's tail may be the stacks)
+                stacks = service.stacks()
+                detail = f":\n{service.text()[:-len(stacks) or None][-5000:]}\n--- stacks ---\n{stacks[-8000:]}"
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{detail}")
         time.sleep(interval_s)
     return time.monotonic() - t0
 

@@ -69,15 +69,15 @@ def audit(bs: str, prefix: str) -> subprocess.CompletedProcess[str]:
                            *topic_flags(prefix)], capture_output=True, text=True, timeout=180, env=child_env())
 
 
-def check_release(bs: str, prefix: str, ends: dict[int, int], adult: Any) -> OutputSnapshot:
+def check_release(bs: str, prefix: str, ends: dict[int, int], adult: Any, *, markers: int = 1) -> OutputSnapshot:
     """Every input offset once, every promised output once, every ADULT id once, k (with coverage of the
-    originals) and l verified by the independent verifier."""
+    originals) and l verified by the independent verifier; ``markers`` end markers sent to each partition."""
     s = adult_schema()
     qis = [a.name for a in s.qis]
     snap = collect_outputs(bs, input_topic=f"{prefix}.raw", anon=f"{prefix}.anon", suppressed=f"{prefix}.suppressed",
                            dlq=f"{prefix}.dlq", qis=qis, sensitive=[a.name for a in s.sensitive], input_ends=ends)
     assert snap.ok, (snap.accounting.duplicates[:5], snap.accounting.missing[:5], snap.published, snap.problems)
-    assert snap.control == PARTITIONS
+    assert snap.control == markers * PARTITIONS
     out = snap.records
     assert len(out) == len(adult) and out.record_id.is_unique and set(out.record_id) == set(adult["id"])
     released = out[out.outcome == "released"]

@@ -154,6 +154,17 @@ def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(brok
         wait_for("seconds since progress grows", lambda: since_progress(port) >= 2 * LAG_INTERVAL_SECONDS, 60, log)
         # a real Prometheus scraping the service evaluates the rule (thresholds scaled down) and fires it
         wait_for("StreamAnonStalled firing in Prometheus", lambda: "firing" in alert_states(prom), 90, log)
+        # the log says it too, with each partition's position, committed offset, highwater and lag
+        wait_for("the stall logged", lambda: re.search(r"WARNING stream_anon\.service\.liveness: no progress for \d+ s "
+                                                     rf"\(service\.healthz_stall_seconds = {STALL_SECONDS:g}\): "
+                                                     rf"{topic}\[0\] position \d+, committed \d+, highwater \d+, "
+                                                     r"lag [1-9]", log.read_text()), 60, log)
+        # kill -USR1: every thread's stack to the log, the service keeps running (the frozen worker is not asked)
+        mark = len(log.read_text())
+        os.kill(proc.pid, signal.SIGUSR1)
+        wait_for("the stacks in the log", lambda: "(most recent call first)" in log.read_text()[mark:]
+                 and 'Thread 0x' in log.read_text()[mark:], 30, log)
+        assert proc.poll() is None
         print(f"\nloop frozen: StreamAnonStalled firing; /healthz 503 '{body.strip()}', lag {lag(port):.0f}, seconds since progress "
               f"{since_progress(port):.0f} ({time.monotonic() - t0:.0f} s after the freeze)")
         os.kill(worker, signal.SIGCONT)
@@ -161,6 +172,8 @@ def test_a_frozen_loop_turns_healthz_unhealthy_and_lag_and_progress_show_it(brok
         wait_for("/healthz 200 again", lambda: healthz(port)[0] == 200, 60, log)
         wait_for("drained: lag 0, no stall", lambda: lag(port) == 0 and since_progress(port) == 0, 120, log)
         wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
+        wait_for("progress logged", lambda: "INFO stream_anon.service.liveness: progress again: " in log.read_text(),
+                 60, log)
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -231,6 +244,8 @@ def test_a_frozen_broker_shows_in_progress_healthz_and_the_alert(own_broker: Any
                      lambda: drained(port) and unanswered(port) == 0, 180, log)
             recovered = time.monotonic() - t_thaw
             wait_for("StreamAnonStalled resolved", lambda: not alert_states(prom), 60, log)
+            wait_for("progress logged", lambda: "INFO stream_anon.service.liveness: progress again: " in log.read_text(),
+                     60, log)
             # and nothing was lost or published twice across the freeze (end markers, drained, from the ledger)
             from kafka import KafkaProducer
             from reliability_support import committed, outcome

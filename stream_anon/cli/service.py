@@ -313,6 +313,11 @@ def register(sub: Any) -> None:
 
 
 def _install_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT stop the service (``stop``); SIGUSR1 writes every thread's stack to stderr."""
+    from stream_anon.kafka_io.lifecycle import dump_stacks_on_signal
+
+    dump_stacks_on_signal()
+
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 

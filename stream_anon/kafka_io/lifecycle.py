@@ -20,6 +20,7 @@ and ends the process when it changes.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -205,6 +206,18 @@ def quiet_closing_clients() -> None:
     transport = logging.getLogger("kafka.net.transport")
     if not any(isinstance(f, ClosedSocketRecv) for f in transport.filters):
         transport.addFilter(ClosedSocketRecv())
+
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+"""``kill -USR1 <pid>``: the process writes every thread's stack to stderr (:func:`dump_stacks_on_signal`)."""
+
+
+def dump_stacks_on_signal(sig: int = STACK_DUMP_SIGNAL) -> None:
+    """On ``sig``, write the Python stack of every thread to stderr (the service's log) and keep running:
+    :func:`faulthandler.register`, which works from C, so even a thread blocked in a call that never returns is
+    shown.  Every process of the service installs it (the default action of SIGUSR1 would end a process that
+    does not: a signal sent to the whole process group reaches them all)."""
+    faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
 
 
 def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:

@@ -33,6 +33,7 @@ from stream_anon.kafka_io.lifecycle import (
     STOP_GRACE_SECONDS,
     StopDeadline,
     die_with_parent,
+    dump_stacks_on_signal,
     quiet_client_libraries,
     quiet_closing_clients,
 )
@@ -196,6 +197,7 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
     die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
         signal.signal(sig, signal.SIG_IGN)
+    dump_stacks_on_signal()  # kill -USR1: the stacks, to the log
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()

@@ -119,6 +119,8 @@ class LagMonitor:
         self._lock = threading.Lock()  # progress is updated by the thread and by scrapes
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
         self.rounds = 0
+        self.stall_seconds = cfg.service.healthz_stall_seconds
+        self._stall_logged = False  # a WARNING was logged for the stall going on (one per stall)
         metrics.seconds_since_progress.set_function(self.seconds_since_progress)  # computed when scraped
         metrics.broker_unanswered_seconds.set_function(self.broker_unanswered_seconds)
 
@@ -157,6 +159,7 @@ class LagMonitor:
                     self._answering = False
                     self._close()
                 self._set_progress()
+                self._log_stall()
                 self._stop.wait(self.interval)
         finally:
             self._close()
@@ -238,6 +241,32 @@ class LagMonitor:
             log.warning("lag monitor: %s[%d]: the record batch at offset %d is larger than kafka.receive_max_bytes "
                         "(%s bytes): the consumers cannot receive it; highwater read past it: %s", self.topic, p,
                         stepped[0], f"{self.cfg.kafka.receive_max_bytes:,}", "unknown" if hw is None else hw)
+
+    def _log_stall(self) -> None:
+        """One WARNING when a stall begins (no progress for ``service.healthz_stall_seconds`` while there is lag or
+        the broker does not answer: what ``/healthz`` reports), with every partition's consumed position, committed
+        offset, highwater and lag; one INFO when progress is made again."""
+        stalled_for = self.seconds_since_progress()
+        if stalled_for > self.stall_seconds and not self._stall_logged:
+            self._stall_logged = True
+            silent = self.broker_unanswered_seconds()
+            log.warning("no progress for %.0f s (service.healthz_stall_seconds = %g)%s: %s", stalled_for,
+                        self.stall_seconds, f", the broker has not answered for {silent:.0f} s" if silent else "",
+                        self.describe())
+        elif stalled_for <= self.stall_seconds and self._stall_logged:
+            self._stall_logged = False
+            log.info("progress again: %s", self.describe())
+
+    def describe(self) -> str:
+        """Every assigned partition's consumed position (the loop's, now), committed offset, highwater and lag (as the
+        broker last answered)."""
+        positions = self.view().positions
+        parts = sorted(self._assigned)
+        if not parts:
+            return f"no partition of {self.topic} assigned"
+        read = f"(committed, highwater, lag as the broker last answered, {time.monotonic() - self._answered_at:.0f} s ago)"
+        return "; ".join(f"{self.topic}[{p}] position {positions.get(p, '-')}, committed {self._committed.get(p, '-')}"
+                         f", highwater {self.highwater.get(p, '-')}, lag {self.lag.get(p, '-')}" for p in parts) + " " + read
 
     def _set_progress(self, round_done: bool = True) -> None:
         """Progress: a position or committed offset moved, or (after a round) there is nothing to do (the broker
