@@ -185,6 +185,33 @@ def test_flush_marker_releases_everything_and_is_accounted_as_control(adult_mess
     assert all(e.trigger == 40 for e in res2.entries[:-1])
 
 
+def test_a_recovery_that_consumes_records_before_an_accounted_marker_again_flushes_them_at_the_marker(
+        adult_messages: list[InputMessage]) -> None:
+    """The ledger lost the entries of some records (a message acknowledged without being stored) but kept the end
+    marker's control entry after them: the recovery consumes those records again, and the marker, skipped as
+    accounted, still flushes them (else they wait for input that never comes: CI, 2026-11-28)."""
+    p1 = make_pipeline(incarnation="one")
+    before = p1.process(adult_messages[:60], now=0.0).entries
+    marker = InputMessage(60, b"", None, [(CONTROL_HEADER, CONTROL_FLUSH)])
+    flushed = p1.process([marker], now=1.0).entries
+    assert sorted(offsets_of(before + flushed)) == list(range(61)) and flushed[-1].kind == "control"
+    lost = set(offsets_of(flushed[:-1]))  # the flush's entries are lost, the control entry after them kept
+    assert len(lost) >= K
+    start = min(lost)
+    kept = before + flushed[-1:]
+    accounted = {o for o in offsets_of(kept) if o >= start}
+    p2 = make_pipeline(start=start, accounted=accounted, horizon=60, incarnation="two")
+    res = p2.process([*adult_messages[start:60], marker], now=2.0)
+    assert p2.buffered == 0 and p2.watermark == 61  # nothing left waiting
+    assert res.stats.skipped == len(accounted) and res.stats.control == 0  # the marker is not accounted twice
+    assert all(e.kind != "control" for e in res.entries)
+    assert sorted(offsets_of(kept) + offsets_of(res.entries)) == list(range(61))  # every offset exactly once
+    # without the marker the same records stay buffered (the delay bound counts arrivals: none come)
+    p3 = make_pipeline(start=start, accounted=accounted, horizon=60, incarnation="three")
+    p3.process(adult_messages[start:60], now=2.0)
+    assert p3.buffered == len(lost)
+
+
 @pytest.mark.parametrize(("value", "header", "reason"), [
     (b'{"id": "x"}', CONTROL_FLUSH, "control_header_on_record"),
     (None, b"stop", "unknown_control"),

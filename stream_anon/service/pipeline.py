@@ -241,6 +241,10 @@ class PartitionPipeline:
                 self.accounted.discard(m.offset)
                 stats.skipped += 1
                 stats.consumed += not marker
+                if marker and self._buffered:  # recovery: records consumed again came before a marker that
+                    self._push_run(run, out, stats, now)  # flushed them: it flushes them again (no control entry:
+                    run = []  # its offset is accounted), or they would wait for input that never comes
+                    self._flush_marker(m, out, stats, now, accounted=True)
                 continue
             if not marker:
                 stats.consumed += 1
@@ -321,7 +325,11 @@ class PartitionPipeline:
             return None
         return rec
 
-    def _flush_marker(self, m: InputMessage, out: list[LedgerEntry], stats: BatchStats, now: float | None) -> None:
+    def _flush_marker(self, m: InputMessage, out: list[LedgerEntry], stats: BatchStats, now: float | None, *,
+                      accounted: bool = False) -> None:
+        """An end-of-stream marker: flush the engine, then the marker's ``control`` entry (none when ``accounted``:
+        a marker an earlier incarnation accounted for, met again by a recovery that consumes records before it
+        again; their entries were lost, e.g. a message the broker acknowledged without storing it)."""
         try:
             releases = self.engine.flush(now)
         except Exception as e:  # the engine keeps what it holds (released later by the delay bound)
@@ -329,6 +337,8 @@ class PartitionPipeline:
             return
         self._emit(releases, m.offset, out, stats, now)
         self._sweep_orphans(out, stats, everything=True)
+        if accounted:
+            return
         stats.control += 1
         out.append(self.entries.control(offset=m.offset, horizon=self.horizon))
 
