@@ -47,6 +47,8 @@ LAG_INTERVAL_SECONDS = 5.0
 """How often the lag monitor asks the broker for the highwaters."""
 MONITOR_REQUEST_TIMEOUT_MS = 5000
 """Request timeout of the monitor's consumer (a stalled broker delays one round, never the service's stop)."""
+STALL_LOG_CHECK_SECONDS = 1.0
+"""How often the stall log looks at the seconds since progress (as ``/healthz`` does when asked)."""
 FETCH_ROUND_SECONDS = 2.0
 """At most this long per round waiting for the fetch answers that carry the highwaters."""
 
@@ -118,6 +120,8 @@ class LagMonitor:
         self._answering = True  # the last round got its answers
         self._lock = threading.Lock()  # progress is updated by the thread and by scrapes
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
+        # the stall log has its own thread: a round can wait for a silent broker longer than a stall lasts
+        self._stall_thread = threading.Thread(target=self._watch_stalls, name="stall-log", daemon=True)
         self.rounds = 0
         self.stall_seconds = cfg.service.healthz_stall_seconds
         self._stall_logged = False  # a WARNING was logged for the stall going on (one per stall)
@@ -139,6 +143,7 @@ class LagMonitor:
 
     def start(self) -> LagMonitor:
         self._thread.start()
+        self._stall_thread.start()
         return self
 
     def stop(self, timeout: float = 0.5) -> None:
@@ -159,7 +164,6 @@ class LagMonitor:
                     self._answering = False
                     self._close()
                 self._set_progress()
-                self._log_stall()
                 self._stop.wait(self.interval)
         finally:
             self._close()
@@ -241,6 +245,10 @@ class LagMonitor:
             log.warning("lag monitor: %s[%d]: the record batch at offset %d is larger than kafka.receive_max_bytes "
                         "(%s bytes): the consumers cannot receive it; highwater read past it: %s", self.topic, p,
                         stepped[0], f"{self.cfg.kafka.receive_max_bytes:,}", "unknown" if hw is None else hw)
+
+    def _watch_stalls(self) -> None:
+        while not self._stop.wait(STALL_LOG_CHECK_SECONDS):
+            self._log_stall()
 
     def _log_stall(self) -> None:
         """One WARNING when a stall begins (no progress for ``service.healthz_stall_seconds`` while there is lag or
