@@ -9,11 +9,11 @@ import sys
 from typing import Any
 
 from durable_broker import child_env
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from stream_anon.core.schema import adult_schema
 from stream_anon.core.verify import verify_release_frame
-from stream_anon.service.audit import OutputSnapshot, collect_outputs
+from stream_anon.service.audit import OutputSnapshot, collect_outputs, send_flush_markers
 
 K, L, DELTA, PARTITIONS = 5, 2, 300, 2
 ROLES = ("anon", "suppressed", "dlq")
@@ -47,6 +47,13 @@ def committed(bs: str, group: str, topic: str) -> dict[int, int]:
         return out
     finally:
         c.close()
+
+
+def end_markers(bs: str, topic: str, partitions: int = PARTITIONS) -> None:
+    """One end-of-stream marker to each of ``topic``'s first ``partitions`` partitions, from a producer of its own."""
+    producer = KafkaProducer(bootstrap_servers=bs)
+    send_flush_markers(producer, topic, list(range(partitions)))
+    producer.close()
 
 
 def committed_total(bs: str, group: str, topic: str) -> int:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from apache_kafka_support import ServiceProcess, TestBroker, wait_for
 from durable_broker import child_env
-from kafka import KafkaProducer
 from kafka_service_support import (
     PARTITIONS,
     K,
@@ -31,12 +30,13 @@ from kafka_service_support import (
     check_release,
     committed_total,
     drained,
+    end_markers,
     service_cmd,
 )
 
 from stream_anon.core.datasets import read_adult
 from stream_anon.replay.kafka_replay import replay_records
-from stream_anon.service.audit import partition_ends, send_flush_markers
+from stream_anon.service.audit import partition_ends
 
 
 @pytest.mark.integration
@@ -89,9 +89,7 @@ def test_broker_kill_9_twice_under_the_running_service(restartable_broker: TestB
     rows = adult_rows(adult)
     stats = replay_records(rows, topic, bs, partitions=PARTITIONS)
     assert stats.records_acked == len(rows)
-    producer = KafkaProducer(bootstrap_servers=bs)
-    send_flush_markers(producer, topic, list(range(PARTITIONS)))
-    producer.close()
+    end_markers(bs, topic)
     ends = {p: stats.partition_counts.get(p, 0) + 1 for p in range(PARTITIONS)}
     figures = []
     with ServiceProcess(service_cmd(bs, prefix, ("--set", "kafka.max_poll_records=500", "--set", "release.tick_seconds=1")),
@@ -109,9 +107,7 @@ def test_broker_kill_9_twice_under_the_running_service(restartable_broker: TestB
             figures.append((before, round(up, 2), round(time.monotonic() - t0, 1)))
         # one more end marker per partition: the service writes (ledger, commit) after the last restart even when
         # that restart came after everything was committed (a fast run), so a clean stop finds its producers working
-        producer = KafkaProducer(bootstrap_servers=bs)
-        send_flush_markers(producer, topic, list(range(PARTITIONS)))
-        producer.close()
+        end_markers(bs, topic)
         ends = {p: end + 1 for p, end in ends.items()}
         wait_for("every partition drained", lambda: drained(bs, group, topic, ends), service, 300)
         wait_for("the service answered by the broker again", lambda: broker_settled(service.text()), service, 240)

@@ -23,6 +23,7 @@ from config_support import hermetic_config
 from durable_broker import create_topic
 from kafka import KafkaProducer
 from kafka.errors import FencedInstanceIdError
+from kafka_service_support import end_markers
 from producer_support import Fault, UnconfirmingTransport
 from prometheus_client import CollectorRegistry
 from waiting import wait_for
@@ -356,16 +357,10 @@ def test_a_consumer_whose_polls_fail_rejoins_or_ends_the_run_with_exit_code_1(
         while consumers[0].failed == 0 or time.monotonic() < t_fail[0] + 2.0:
             assert th.is_alive(), f"the service stopped with {rc}"
             time.sleep(0.1)
-        send_flush_markers_again(bs, cfg.topics.input)
+        end_markers(bs, cfg.topics.input, 2)
         wait_for(lambda: main.totals.control >= 4, 60, "the new end markers consumed (it polls again)",
                  alive=th.is_alive, context=lambda: f"{main.totals}, exit {rc}")
         main.stop_event.set()
         th.join(60)
         assert rc == [0]
     assert consumers[0].failed > 0
-
-
-def send_flush_markers_again(bs: str, topic: str) -> None:
-    producer = KafkaProducer(bootstrap_servers=bs)
-    send_flush_markers(producer, topic, [0, 1])
-    producer.close()

@@ -220,6 +220,16 @@ def dump_stacks_on_signal(sig: int = STACK_DUMP_SIGNAL) -> None:
     faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
 
 
+def as_service_child(parent_pid: int | None) -> None:
+    """What every child process of the service does first: end with its parent (:func:`die_with_parent`), ignore
+    SIGINT and SIGTERM (Ctrl-C and a stop reach the whole process group: the parent decides) and dump its stacks
+    on SIGUSR1 (:func:`dump_stacks_on_signal`)."""
+    die_with_parent(parent_pid)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    dump_stacks_on_signal()
+
+
 def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
     """Make this process end when its parent dies: ``PR_SET_PDEATHSIG`` (Linux), plus a watcher thread that ends
     the process when the parent pid changes (the parent died before the prctl call, or no prctl).

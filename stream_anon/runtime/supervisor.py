@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -32,8 +31,7 @@ from stream_anon.kafka_io.lifecycle import (
     CLOSE_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
     StopDeadline,
-    die_with_parent,
-    dump_stacks_on_signal,
+    as_service_child,
     quiet_client_libraries,
     quiet_closing_clients,
 )
@@ -194,10 +192,7 @@ def side_process_main(cfg: Config, conn: Connection, log_level: int = logging.IN
     """Child process: the side paths with their own metrics endpoint (side-path metrics only), driven over
     ``conn``; logging at the service's ``log_level``."""
     parent = mp.parent_process()
-    die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
-        signal.signal(sig, signal.SIG_IGN)
-    dump_stacks_on_signal()  # kill -USR1: the stacks, to the log
+    as_service_child(parent.pid if parent is not None else None)  # never outlives the service (kill -9 included)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_client_libraries(log_level)  # the client libraries' own lines only at DEBUG, as in the service
     quiet_closing_clients()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue
-import signal
 import threading
 import time
 from collections import deque
@@ -28,7 +27,7 @@ from stream_anon.config.settings import Config
 from stream_anon.core.engine import warm_up
 from stream_anon.core.engine.protocol import EngineLike
 from stream_anon.core.schema import Schema
-from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, die_with_parent, dump_stacks_on_signal
+from stream_anon.kafka_io.lifecycle import CLOSE_TIMEOUT_SECONDS, as_service_child
 from stream_anon.service.ledger import EntryFactory, LedgerEntry
 from stream_anon.service.pipeline import (
     BatchResult,
@@ -272,10 +271,7 @@ def _worker_main(cfg: Config, requests: Connection, results: Connection) -> None
     being written (two blocking writers on the two pipes could otherwise wait for each other forever).
     """
     parent = mp.parent_process()
-    die_with_parent(parent.pid if parent is not None else None)  # never outlive the service (kill -9 included)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C / a stop reach the whole process group: the parent decides
-        signal.signal(sig, signal.SIG_IGN)
-    dump_stacks_on_signal()  # kill -USR1: the stacks, to the log
+    as_service_child(parent.pid if parent is not None else None)  # never outlives the service (kill -9 included)
     outbox: queue.Queue[PartitionResult | WorkerFailure | None] = queue.Queue()
 
     def sender() -> None:
