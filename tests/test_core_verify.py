@@ -280,6 +280,7 @@ def adult_release(df: pd.DataFrame, schema: Schema, k: int) -> pd.DataFrame:
     return out
 
 
+@pytest.mark.slow  # (all of ADULT: CI's full suite; the fast tier verifies the engine's output on 2,000 records below)
 def test_adult_32k_release_verified_quickly_and_corruption_caught(adult_path: Path, tmp_path: Path) -> None:
     s = adult_schema()
     df = read_adult(adult_path)

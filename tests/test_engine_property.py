@@ -99,7 +99,7 @@ def covers(schema: Schema, gen: Mapping[str, str], rec: Mapping[str, Any]) -> bo
     return True
 
 
-FAST_EXAMPLES, FULL_EXAMPLES = 100, 400
+FAST_EXAMPLES, FULL_EXAMPLES = 50, 400
 """Examples of the property in the fast tier, and in CI's full suite (the ``slow`` twin below)."""
 
 

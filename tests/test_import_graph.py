@@ -54,12 +54,7 @@ def _imports(name: str, path: Path) -> Iterator[tuple[str, int, bool]]:
     """(imported internal module, line, inside a function) for every import statement of ``name``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
-    functions: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            functions.update(id(n) for n in ast.walk(node) if n is not node)
-    for node in ast.walk(tree):
-        local = id(node) in functions
+    for node, local in _statements(tree.body, False):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 target = _existing(alias.name)
@@ -78,6 +73,19 @@ def _imports(name: str, path: Path) -> Iterator[tuple[str, int, bool]]:
                     yield target, node.lineno, local
 
 
+def _statements(body: list[ast.stmt], local: bool) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every statement of ``body`` and of the blocks nested in it, with whether it is inside a function (an import
+    is a statement: expressions, which hold none, are not walked)."""
+    for node in body:
+        yield node, local
+        inner = local or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        blocks = [getattr(node, name, None) for name in ("body", "orelse", "finalbody")]
+        blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
+        for block in blocks:
+            if isinstance(block, list):
+                yield from _statements(block, inner)
+
+
 def _existing(dotted: str) -> str | None:
     """The module ``dotted`` names, or its longest prefix that is one of ours (None: not ours)."""
     parts = dotted.split(".")
@@ -91,13 +99,14 @@ def _existing(dotted: str) -> str | None:
 
 @functools.cache
 def import_graph() -> dict[str, dict[str, tuple[int, bool]]]:
-    """module -> {imported module: (first line, function-local)} (read once; callers do not change it)."""
+    """module -> {imported module: (first line, function-local)}, a module-level import before a function-local
+    one (read once; callers do not change it)."""
     graph: dict[str, dict[str, tuple[int, bool]]] = {}
     for name, path in MODULES.items():
         edges: dict[str, tuple[int, bool]] = {}
         for target, line, local in _imports(name, path):
-            if target != name and target not in edges:
-                edges[target] = (line, local)
+            if target != name and (target not in edges or (local, line) < edges[target][::-1]):
+                edges[target] = (line, local)  # a module-level import first, then the first line
         graph[name] = edges
     return graph
 

@@ -91,7 +91,8 @@ def test_patent_scale_on_minus_one_one_states_its_exact_epsilon(eps: float) -> N
 @pytest.mark.parametrize(("lo", "hi", "integer", "sensitivity", "radius"), [
     (0.0, 12.0, True, 2.0, 2),     # integer inputs: neighbours within 2 grid steps
     (0.0, 12.0, True, 2.5, 2),
-    (-1.0, 1.0, False, 0.05, 8),   # real inputs, step 2^-7: ceil(0.05 / 2^-7) + 1 = 8 steps
+    pytest.param(-1.0, 1.0, False, 0.05, 8,  # real inputs, step 2^-7: ceil(0.05 / 2^-7) + 1 = 8 steps
+                 marks=pytest.mark.slow),  # (2 s: CI's full suite, not the fast tier)
 ])
 def test_smaller_sensitivity_uses_the_widened_relation(lo: float, hi: float, integer: bool, sensitivity: float,
                                                         radius: int) -> None:
@@ -149,6 +150,7 @@ def test_opendp_privacy_map_equals_the_exact_epsilon() -> None:
             assert m.epsilon == pytest.approx(meas.map(len(m.grid) - 1), rel=1e-10)
 
 
+@pytest.mark.slow  # (2 s: CI's full suite; the fast tier compares with OpenDP in test_privacy_discrete_laplace.py)
 def test_opendp_discrete_laplace_conditioned_on_the_grid_is_our_pmf() -> None:
     """Oracle: OpenDP's exact discrete Laplace sampler, conditioned on landing in the grid, against our table."""
     m = BoundedLaplace(epsilon=1.0, lower=1, upper=16, integer=True)

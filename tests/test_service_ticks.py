@@ -136,10 +136,10 @@ def test_a_ticks_classes_are_in_a_uniformly_random_order_from_the_injected_gener
     freedom: the 0.999 quantile is 27.9), and the order comes from the generator (same seed, same orders)."""
     n, trials = 4, 4000
 
-    def orders(seed: int) -> list[list[int]]:
+    def orders(seed: int, count: int = trials) -> list[list[int]]:
         ticks = ReleaseTicks(1.0, seeded_crypto_rng(seed))
         out = []
-        for t in range(trials):
+        for t in range(count):
             o = _owned()
             ticks.hold(o, [_class(10 * i, cid=f"{i:032x}") for i in range(n)], float(t))
             [(_, entries)] = ticks.due([o], None)
@@ -154,7 +154,7 @@ def test_a_ticks_classes_are_in_a_uniformly_random_order_from_the_injected_gener
     expected = trials / n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 27.9, counts
-    assert got == orders(7) and got != orders(8)
+    assert got[:200] == orders(7, 200) and got[:200] != orders(8, 200)  # (a prefix: same seed, same orders)
     assert sum(order == sorted(order) for order in got) < trials / 10  # the trigger order survives 1/24 of the time
 
 

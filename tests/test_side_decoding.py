@@ -22,7 +22,7 @@ def test_every_fuzz_kind_gives_an_outcome_never_an_exception() -> None:
     schema = adult_schema()
     side, main = SideDecoder(schema, 65536), RecordDecoder(schema, 65536)
     outcomes: Counter[str] = Counter()
-    for m in malformed_messages(5, 6000):
+    for m in malformed_messages(5, 3000):
         rec, clipped = side.decode(m.value)  # must not raise (issue 11: a 5,000-digit integer killed the side paths)
         base = main.decode(m.value)
         if isinstance(rec, DeadLetter):

@@ -323,8 +323,10 @@ def test_without_a_crash_every_window_is_published_once_and_the_outbox_is_settle
     assert broker.mark is not None and 0 < broker.mark < len(broker.log(OUTBOX, 0))
 
 
-@pytest.mark.parametrize("pseudonyms", [True, pytest.param(False, marks=pytest.mark.slow)])  # (False: CI's full
-@pytest.mark.parametrize("landing", ["none", "all", "half", "per-partition"])  # suite, for the fast tier's budget)
+@pytest.mark.parametrize("pseudonyms", [True, pytest.param(False, marks=pytest.mark.slow)])  # (the fast tier:
+@pytest.mark.parametrize("landing", [pytest.param("none", marks=pytest.mark.slow),  # pseudonyms, landing "half";
+                                     pytest.param("all", marks=pytest.mark.slow), "half",  # the others: CI's full
+                                     pytest.param("per-partition", marks=pytest.mark.slow)])  # suite (its budget))
 def test_a_crash_at_every_point_leaves_every_record_on_all_side_topics_or_none(windows: list[Window], landing: str,
                                                                               pseudonyms: bool) -> None:
     names = crash_points(windows, pseudonyms=pseudonyms)

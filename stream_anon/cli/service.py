@@ -151,6 +151,7 @@ def option_given(args: argparse.Namespace, dotted: str, environ: Mapping[str, st
     import yaml
 
     from stream_anon.config.settings import env_name
+    from stream_anon.core.schema import load_yaml
 
     if dotted in _overrides(args):
         return True
@@ -158,7 +159,7 @@ def option_given(args: argparse.Namespace, dotted: str, environ: Mapping[str, st
         return True
     if args.config:
         try:
-            data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+            data = load_yaml(Path(args.config).read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError):
             return False  # Config.load has already refused such a file
         node: Any = data

@@ -37,7 +37,7 @@ from stream_anon.core.defaults import DEFAULTS
 from stream_anon.core.diversity import DiversityRequirement
 from stream_anon.core.engine.castle import diversity_requirement
 from stream_anon.core.engine.config import EngineConfig, EngineConfigError
-from stream_anon.core.schema import Schema, SchemaError, adult_schema
+from stream_anon.core.schema import Schema, SchemaError, adult_schema, load_yaml
 from stream_anon.formats.release import ReleaseConfigError, ReleaseOptions
 from stream_anon.kafka_io.settings import (
     CONSUMER_CLIENTS,
@@ -257,7 +257,7 @@ class Config:
             if not p.is_file():
                 raise ConfigError(f"config file {str(p)!r} does not exist")
             try:
-                data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+                data = load_yaml(p.read_text(encoding="utf-8")) or {}
             except yaml.YAMLError as e:
                 raise ConfigError(f"config file {p}: not valid YAML: {' '.join(str(e).split())}") from None
             if not isinstance(data, Mapping):
@@ -535,7 +535,7 @@ def _apply_mapping(node: Tree, cls: type[Any], data: Mapping[str, Any], *, prefi
 
 def _parse_scalar(raw: str) -> Any:
     try:
-        return yaml.safe_load(raw) if raw.strip() != "" else None
+        return load_yaml(raw) if raw.strip() != "" else None
     except yaml.YAMLError:
         return raw
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stream_anon.core.schema import Attribute, Kind, Schema, SchemaError, adult_schema
+from stream_anon.core.schema import Attribute, Kind, Schema, adult_schema
 
 ADULT_COLUMNS: tuple[str, ...] = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -172,9 +172,10 @@ def read_adult_for_replay(path: str | os.PathLike[str], *, origin: str,
 
 def iter_records(df: pd.DataFrame) -> Iterator[dict[str, Any]]:
     """Rows of a loaded frame as JSON-ready dicts (native Python ints/strings)."""
-    cols = list(df.columns)
-    for row in df.itertuples(index=False, name=None):
-        yield {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(cols, row, strict=True)}
+    names = list(df.columns)
+    columns = [df[c].tolist() for c in df.columns]  # column by column: native Python values, no per-cell .item()
+    for row in zip(*columns, strict=True):
+        yield dict(zip(names, row, strict=True))
 
 
 def iter_adult_records(path: str | os.PathLike[str] | None = None) -> Iterator[dict[str, Any]]:
@@ -197,18 +198,29 @@ def read_csv_with_schema(path: str | os.PathLike[str], schema: Schema, *, id_pre
     if missing:
         raise DatasetError(f"{path}: column(s) {missing} required by schema {schema.name!r} are missing; "
                            f"found {list(df.columns)}")
-    for a in schema.attributes:
-        _check_column(df, a, where=str(path), unit="row")
     rid = schema.record_id or "id"
     if rid not in df.columns:
         prefix = id_prefix or schema.name
         df.insert(0, rid, [f"{prefix}-{i}" for i in range(len(df))])
-    for i, rec in enumerate(iter_records(df)):
-        try:
-            schema.validate(rec, allow_extra=True)
-        except SchemaError as e:
-            raise DatasetError(f"{path}: row {i + 1}: {e}") from e
+    _check_frame(df, schema, where=str(path), unit="row")
     return df
+
+
+def _check_frame(df: pd.DataFrame, schema: Schema, *, where: str, unit: str) -> None:
+    """Every row of ``df`` valid for ``schema`` (:meth:`Schema.validate`'s checks, column by column, vectorized):
+    each attribute's values (:func:`_check_column`, which converts numeric columns in place), a non-empty record
+    id, a person-id column when the schema has one; the first bad row raises :class:`DatasetError` naming it."""
+    for a in schema.attributes:
+        _check_column(df, a, where=where, unit=unit)
+    rid = schema.record_id or "id"
+    if rid not in df.columns:
+        raise DatasetError(f"{where}: no record-id column {rid!r} (schema {schema.name!r})")
+    empty = df[rid].astype(str).str.strip().eq("")
+    if empty.any():
+        i = int(np.flatnonzero(empty.to_numpy())[0])
+        raise DatasetError(f"{where}: {unit} {i + 1}, field {rid!r} (record id): empty; expected a non-empty string")
+    if schema.person_id is not None and schema.person_id not in df.columns:
+        raise DatasetError(f"{where}: field {schema.person_id!r} (person id): missing (schema {schema.name!r})")
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
@@ -239,11 +251,7 @@ def read_records(path: str | os.PathLike[str], schema: Schema, fmt: str | None =
         rid = schema.record_id or "id"
         if rid != "id":
             df = df.rename(columns={"id": rid})
-        for i, rec in enumerate(iter_records(df)):
-            try:
-                schema.validate(rec, allow_extra=True)
-            except SchemaError as e:
-                raise DatasetError(f"{path}: line {i + 1}: {e}") from e
+        _check_frame(df, schema, where=str(path), unit="line")
     elif fmt == "csv":
         df = read_csv_with_schema(path, schema)
     else:

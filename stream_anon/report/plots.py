@@ -8,16 +8,16 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from stream_anon.report.analysis import AttributeGeneralization
 from stream_anon.report.rundir import TV_METRIC, LdpCurve, SideEstimate
+
+if TYPE_CHECKING:  # matplotlib (~0.7 s to import) is imported when a figure is drawn, not with the module
+    from matplotlib.figure import Figure
 
 DPI = 100
 BOUND_STYLE: dict[str, Any] = {"color": "#d62728", "linestyle": "--", "linewidth": 2}
@@ -28,6 +28,9 @@ GENERALIZATION_BANDS = ((0.0, 0.0, "exact"), (0.0, 0.1, "<= 10%"), (0.1, 0.25, "
 
 
 def _new_figure(width: float, height: float) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), dpi=DPI, layout="tight")
     FigureCanvasAgg(fig)
     return fig
@@ -35,6 +38,8 @@ def _new_figure(width: float, height: float) -> Figure:
 
 def _log_x_at(ax: Any, values: Sequence[float]) -> None:
     """Log x axis with plain tick labels at the data's own values (no 2 x 10^0 style labels)."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))))
     ax.xaxis.set_minor_locator(NullLocator())
