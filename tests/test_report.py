@@ -377,6 +377,7 @@ def test_delay_p50_is_labelled_with_its_population(synthetic_run: dict[str, Any]
     assert "release delay p50 / p99 (arrivals, released records)" in html  # the key figure at the top, labelled
 
 
+@pytest.mark.slow  # (an engine run and a whole report, 3 s: CI's full suite)
 def test_a_run_directory_in_the_public_layout_is_read(adult_path: Path, tmp_path: Path) -> None:
     """The demo writes released.csv without record ids (class_id, QIs, sensitive: what the anon topic holds)."""
     _engine_run(adult_path, tmp_path)

@@ -314,6 +314,7 @@ def test_a_producer_recreated_while_classes_wait_for_their_tick_loses_and_duplic
     assert len(anon) == snap.classes and all(m.timestamp % 500 == 0 for m in anon)
 
 
+@pytest.mark.slow  # (two timing attacks on 5,000 records, 2.5 s: CI's full suite)
 def test_a_t_closeness_reference_narrows_the_window_to_its_snapshot_and_the_bound_follows() -> None:
     """A class carrying the reference snapshot in force (renewed every 100 arrivals) tells its trigger within 100
     arrivals: with ticks of 500 arrivals the candidates shrink and guessing gets better; the attack is scored
