@@ -158,6 +158,18 @@ def test_read_csv_with_schema_bad_rows(tmp_path: Path, rows: str, message: str) 
         read_csv_with_schema(csv, schema)
 
 
+def test_an_empty_record_id_and_a_missing_person_id_column_are_refused(tmp_path: Path) -> None:
+    """The row checks of :meth:`Schema.validate`, made column by column: an empty record id names its row."""
+    csv, schema = _custom(tmp_path, "a1,34,Lyon,12.5,flu\n,51,Rome,1,cold\n", with_id=True)
+    with pytest.raises(DatasetError, match=r"row 2, field 'visit' \(record id\): empty"):
+        read_csv_with_schema(csv, schema)
+    csv.write_text("visit,age,city,bill,diagnosis\n a1,34,Lyon,12.5,flu\n", encoding="utf-8")
+    spec = yaml.safe_load((tmp_path / "schema.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({**spec, "person_id": "patient"}), encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"field 'patient' \(person id\): missing"):
+        read_csv_with_schema(csv, Schema.load(tmp_path / "schema.yaml"))
+
+
 def test_read_csv_with_schema_missing_column(tmp_path: Path) -> None:
     csv, schema = _custom(tmp_path, "34,Lyon,12.5,flu\n")
     csv.write_text("age,city,diagnosis\n34,Lyon,flu\n", encoding="utf-8")

@@ -215,7 +215,7 @@ def _check_frame(df: pd.DataFrame, schema: Schema, *, where: str, unit: str) -> 
     rid = schema.record_id or "id"
     if rid not in df.columns:
         raise DatasetError(f"{where}: no record-id column {rid!r} (schema {schema.name!r})")
-    empty = df[rid].astype(str).str.strip().eq("")
+    empty = df[rid].astype(str).eq("")  # (as Schema.validate: an empty id; any other string is one)
     if empty.any():
         i = int(np.flatnonzero(empty.to_numpy())[0])
         raise DatasetError(f"{where}: {unit} {i + 1}, field {rid!r} (record id): empty; expected a non-empty string")
