@@ -45,8 +45,9 @@ BROKER_KINDS = ("tansu", "apache-kafka")
 
 
 def start_cluster(base_dir: Path, nodes: int, **kwargs: Any) -> KafkaCluster:
-    """A started :class:`KafkaCluster`; a missing Java/Maven or a failed start fails the test (never skips)."""
-    cluster = KafkaCluster(base_dir, nodes=nodes, **kwargs)
+    """A started :class:`KafkaCluster` (the ``light`` JVM profile unless ``jvm`` says otherwise: the same broker,
+    half the CPU to start on two cores); a missing Java/Maven or a failed start fails the test (never skips)."""
+    cluster = KafkaCluster(base_dir, nodes=nodes, **{"jvm": "light", **kwargs})
     try:
         cluster.start()
     except KafkaSetupError as e:

@@ -42,8 +42,10 @@ def test_fetch_start_status_stop_from_the_command_line(tmp_path: Path) -> None:
     no_maven = {**child_env(), "PATH": "/nonexistent"}  # cached: the second fetch needs neither Maven nor network
     again = subprocess.run([sys.executable, SCRIPT, "fetch"], capture_output=True, text=True, timeout=60, env=no_maven)
     assert again.returncode == 0 and "jars in" in again.stdout, again.stderr
+    archive = fetched.stdout.split("class-data archive: ", 1)[1].split(" (", 1)[0]
+    assert archive.endswith(".jsa") and Path(archive).is_file(), fetched.stdout  # made once, for this JDK
     run_dir = tmp_path / "run"
-    started = run("start", "--dir", str(run_dir))
+    started = run("start", "--dir", str(run_dir), "--jvm", "light")
     pids: list[int] = []
     try:
         assert started.returncode == 0, started.stderr
@@ -53,6 +55,9 @@ def test_fetch_start_status_stop_from_the_command_line(tmp_path: Path) -> None:
         pids = [m["pid"] for m in state["members"]]
         assert state["bootstrap_servers"] == bootstrap and all(pid_alive(p) for p in pids)
         assert os.getpgid(pids[0]) == pids[0]  # its own process group
+        maps = Path(f"/proc/{pids[0]}/maps").read_text()
+        assert str(Path(archive).resolve()) in maps, "the node did not map the class-data archive"
+        assert "-XX:TieredStopAtLevel=1" in Path(f"/proc/{pids[0]}/cmdline").read_text().split("\0")
         admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         assert admin.describe_cluster()["brokers"]
         admin.close()
