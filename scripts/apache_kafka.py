@@ -22,7 +22,8 @@ heap per node and ``group.initial.rebalance.delay.ms=0``.  The JVMs map a class-
 classes made once per JDK (:func:`class_archive`, in the cache) and run ``kafka-run-class.sh``'s options, or
 the ``light`` profile (``--jvm light``, the tests': cheaper to start on two cores, :data:`JVM_PROFILES`).  Each
 JVM runs in its own session (own process group): a Ctrl-C in the starter's terminal does not reach it, and
-``stop`` signals the whole group.  The command line writes ``<dir>/state.json`` (pids, ports, bootstrap address) so that ``stop`` and ``status`` find the nodes.
+``stop`` signals the whole group.  The command line writes ``<dir>/state.json`` (pids, ports, bootstrap address)
+so that ``stop`` and ``status`` find the nodes.
 
 **As a module** (the tests, ``tests/apache_kafka_support.py``)::
 
@@ -84,10 +85,10 @@ JVM_PROFILES: dict[str, tuple[str, ...]] = {
     "light": ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true"),
 }
 """``server``: :data:`JVM_OPTS` (G1, both JIT compilers: the broker's best steady state).  ``light``: the client
-compiler only and the serial collector, for a small machine where starting costs more than serving (the tests: a
-node took 5.3 s of CPU to be ready instead of 9.9 s, idled at 1.4 s of CPU per 30 s instead of 2.2 s, and spent
-0.8 s instead of 1.8 s of CPU on 20,000 records produced and consumed; ``/work/repro``-style measurement in
-``python scripts/kafka_start_cost.py``).  Either maps the class-data archive (:func:`class_archive`)."""
+compiler only and the serial collector, for a small machine where starting costs more than serving (the tests).
+Without the class-data archive a node took 5.3 s of CPU to be ready instead of 9.1 s, idled at 1.4 s of CPU per
+30 s instead of 1.8 s and spent 0.8 s instead of 1.4 s on 20,000 records produced and consumed (measured by
+``python scripts/kafka_start_cost.py --no-class-data``).  Either maps the class-data archive (:func:`class_archive`)."""
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -198,9 +199,10 @@ def class_archive(libs: Path, version: str = KAFKA_VERSION, *, timeout_s: float 
     (concurrent callers wait on a file lock): a one-node broker of its own starts with
     ``-XX:ArchiveClassesAtExit``, takes the readiness produce and stops (SIGTERM: the JVM writes the archive as it
     exits).  Nodes started with it load the classes mapped from it instead of parsing and verifying every jar
-    again: a node was ready in 3.4 s instead of 7.6 s and spent 2.7 s of CPU instead of 5.3 s (``light``), the
-    storage format 1.1 s instead of 2.1 s.  None when it cannot be made (the reason stays in ``<archive>.failed``
-    and nodes start without it: a JVM also ignores an archive that does not match it, ``-Xshare:auto``)."""
+    again: a ``light`` node was ready in 3.3 s instead of 7.5 s after 2.9 s of CPU instead of 5.3 s, its storage
+    format took 1.3 s of CPU instead of 2.1 s (``python scripts/kafka_start_cost.py``).  None when it cannot be
+    made: the reason stays in ``<archive>.failed`` (delete it to try again) and nodes start without it; a JVM also
+    ignores an archive that does not match it (``-Xshare:auto``)."""
     path = class_archive_path(libs, java_binary())
     failed = path.with_suffix(".failed")
     if path.is_file():
