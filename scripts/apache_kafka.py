@@ -329,7 +329,7 @@ class KafkaCluster:
     ``die_with_parent``: the JVMs get SIGTERM when the starting thread dies (module use; the command line turns it
     off so that the nodes outlive ``start``).  ``jvm``: a key of :data:`JVM_PROFILES`; ``class_data``: map the
     class-data archive (:func:`class_archive`, made on the first start if absent); ``jvm_extra``: more JVM
-    options."""
+    options for the nodes (not for the storage tool that formats them)."""
 
     base_dir: Path
     nodes: int = 1
@@ -412,8 +412,9 @@ class KafkaCluster:
     def _java(self, node: KafkaNode, main: str, *args: str) -> list[str]:
         assert self.libs is not None
         archive = (f"-XX:SharedArchiveFile={self.archive}",) if self.archive is not None else ()
+        extra = self.jvm_extra if main == "kafka.Kafka" else ()  # the archiving node: not the format tool's classes
         return [java_binary(), f"-Xms{self.heap_mb}m", f"-Xmx{self.heap_mb}m", *JVM_PROFILES[self.jvm], *archive,
-                *self.jvm_extra,
+                *extra,
                 f"-Dlog4j2.configurationFile={node.dir / 'log4j2.properties'}", f"-Dkafka.logs.dir={node.dir}",
                 "-cp", f"{self.libs}/*", main, *args]
 

@@ -10,24 +10,19 @@ produced (librdkafka, ``acks=all``) and consumed.  Prints one line per profile; 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from stream_anon.bench.service import process_cpu_seconds as cpu_seconds
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from apache_kafka import JVM_PROFILES, KafkaCluster  # noqa: E402
 
 RECORDS = 20_000
 IDLE_S = 30.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a running process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def produce_and_consume(bootstrap: str) -> None:

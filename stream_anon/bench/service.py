@@ -81,16 +81,20 @@ def cpu_seconds() -> float:
     return sum(cpu_split())
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a running process (``/proc/<pid>/stat``); raises OSError when it is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_split() -> tuple[float, float]:
     """(this process, its live child processes) CPU seconds."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
     for child in multiprocessing.active_children():
         try:
-            with open(f"/proc/{child.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            children += process_cpu_seconds(child.pid)  # type: ignore[arg-type]
         except (OSError, IndexError, ValueError):
             pass
     return own.ru_utime + own.ru_stime, children
